@@ -1,0 +1,85 @@
+"""Shared data types and the shape vocabulary used at every boundary (see DESIGN.md).
+
+Letters: B batch, To observation frames, Tp predicted actions, Ta executed actions, Da action dim,
+T episode length (in this module; diffusion steps elsewhere), H/W image size, J joints, F force dims,
+S privileged state dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Every observation modality an environment may emit, in canonical order.
+OBS_MODES: tuple[str, ...] = ("rgb", "depth", "joints", "force", "instruction", "state")
+#: Modalities stored as per-step numeric arrays (``instruction`` is one string per episode).
+ARRAY_MODES: tuple[str, ...] = ("rgb", "depth", "joints", "force", "state")
+
+#: Route labels: index in a stored int8 column -> name. ``None`` (0) means neither side was taken.
+ROUTES: tuple[str | None, ...] = (None, "left", "right")
+
+
+def route_to_id(route: str | None) -> int:
+    """Map a route name ("left", "right" or None) to its stored int8 code."""
+    if route not in ROUTES:
+        raise ValueError(f"route must be one of {ROUTES}, got {route!r}")
+    return ROUTES.index(route)
+
+
+def parse_obs_modes(modes: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """Normalise ``"rgb,depth"`` or a sequence to a tuple in canonical order; unknown names raise."""
+    items = [m.strip() for m in modes.split(",")] if isinstance(modes, str) else [str(m) for m in modes]
+    items = [m for m in items if m]
+    unknown = [m for m in items if m not in OBS_MODES]
+    if unknown or not items:
+        raise ValueError(
+            f"obs_modes: got {items!r}; allowed values are a non-empty subset of {', '.join(OBS_MODES)}"
+        )
+    return tuple(m for m in OBS_MODES if m in items)
+
+
+@dataclass
+class Episode:
+    """One recorded episode, as the collector hands it to the episode store.
+
+    Shapes (T = number of actions taken):
+      obs[k]      (T, ...) the observation *before* each action, one entry per array modality:
+                  rgb uint8 (T,3,H,W) · depth float32 (T,1,H,W) metres · joints float32 (T,J)
+                  · force float32 (T,F) · state float32 (T,S)
+      final_obs[k] (...)   the observation after the last action (for bootstrapping truncated episodes)
+      actions     float32 (T, Da) in [-1, 1]
+      rewards     float32 (T,)
+    """
+
+    obs: dict[str, np.ndarray]
+    final_obs: dict[str, np.ndarray]
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: bool
+    truncated: bool
+    instruction: str
+    target: str
+    route: str | None
+    success: bool
+    seed: int
+    info: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        t = len(self.actions)
+        if self.actions.ndim != 2 or t == 0:
+            raise ValueError(f"Episode.actions must be (T, Da) with T >= 1, got shape {self.actions.shape}")
+        if self.rewards.shape != (t,):
+            raise ValueError(f"Episode.rewards must be ({t},), got {self.rewards.shape}")
+        for k, v in self.obs.items():
+            if len(v) != t:
+                raise ValueError(f"Episode.obs[{k!r}] has {len(v)} steps, actions have {t}")
+        route_to_id(self.route)
+
+    @property
+    def length(self) -> int:
+        return len(self.actions)
+
+    @property
+    def episode_return(self) -> float:
+        return float(self.rewards.sum())
