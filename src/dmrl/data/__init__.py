@@ -1,0 +1,21 @@
+"""Episode data: a crash-safe zarr episode store, per-key normalisation and Diffusion Policy windows."""
+
+from dmrl.data._zarr_utils import StoreError, StoreExistsError
+from dmrl.data.episodes import FORMAT_VERSION, META_COLUMNS, TEXT_COLUMNS, EpisodeStore
+from dmrl.data.normalizer import MissingStatError, Normalizer, RunningStats, fit_normalizer
+from dmrl.data.sequence import SequenceDataset, split_episodes
+
+__all__ = [
+    "FORMAT_VERSION",
+    "META_COLUMNS",
+    "TEXT_COLUMNS",
+    "EpisodeStore",
+    "MissingStatError",
+    "Normalizer",
+    "RunningStats",
+    "SequenceDataset",
+    "StoreError",
+    "StoreExistsError",
+    "fit_normalizer",
+    "split_episodes",
+]

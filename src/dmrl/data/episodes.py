@@ -1,0 +1,451 @@
+"""Append-only zarr episode store whose `meta/episode_ends` column is the commit marker (crash-safe writes).
+
+On-disk layout (zarr v3, local directory; N = committed steps, E = committed episodes)::
+
+    <path>/zarr.json            group attrs: dmrl_format_version=1, env_id, obs_modes, action_meaning,
+                                action_dim, obs_spec {mode: {"shape": [...], "dtype": "uint8"}}, + extra_attrs
+    data/obs/<mode>             (N, ...)  per-step observation, one array per mode in ARRAY_MODES
+    data/actions                (N, Da) float32
+    data/rewards                (N,) float32
+    final/<mode>                (E, ...)  observation after each episode's last action
+    meta/route                  (E,) int8 (index into ROUTES)
+    meta/success|terminated|truncated (E,) bool · meta/return (E,) float32 · meta/seed (E,) int64
+    meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (target, instruction, info as JSON)
+    meta/episode_ends           (E,) int64 cumulative end step, fill -1; written LAST = the commit
+    stats/<key>.<field>         optional normalizer statistics (see normalizer.py)
+
+Why this is crash-safe: zarr's LocalStore writes every chunk and metadata file to a temp file and renames
+it into place, so a SIGKILL leaves each file either old or new, never torn. `append` writes all data first
+and the episode's `episode_ends` entry last; readers trust only the prefix of `episode_ends` that is valid
+(strictly increasing, not the -1 fill) and the data it covers. Opening with mode="a" truncates anything
+written beyond that prefix. Not covered: power loss (no fsync) and several concurrent writers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+
+from dmrl.data._zarr_utils import (
+    CORRUPT_HINT,
+    StoreError,
+    StoreExistsError,
+    clear_partial_files,
+    episode_chunks,
+    read_root_attrs,
+    require_array,
+    step_chunks,
+    write_batch,
+    write_rows,
+)
+from dmrl.types import ARRAY_MODES, ROUTES, Episode, parse_obs_modes, route_to_id
+
+if TYPE_CHECKING:
+    from dmrl.data.normalizer import Normalizer
+
+FORMAT_VERSION = 1
+#: Per-episode numeric columns and their stored dtypes (besides `episode_ends`).
+META_COLUMNS: dict[str, str] = {
+    "route": "int8",
+    "success": "bool",
+    "return": "float32",
+    "seed": "int64",
+    "terminated": "bool",
+    "truncated": "bool",
+}
+#: Per-episode strings. Stored as ragged UTF-8 (a uint8 byte array + int64 end offsets) rather than zarr's
+#: string dtype: plain numeric arrays are core zarr v3, behave the same on numpy 1.26 and 2.x, and take
+#: part in the same resize/truncate commit logic as every other column.
+TEXT_COLUMNS: tuple[str, ...] = ("target", "instruction", "info")
+_RESERVED_ATTRS = ("dmrl_format_version", "env_id", "obs_modes", "action_meaning", "action_dim", "obs_spec")
+
+ObsSpec = dict[str, tuple[tuple[int, ...], str]]
+
+
+class EpisodeStore:
+    """A directory of episodes: create/open it, `append(Episode)`, read episodes, meta columns and arrays."""
+
+    def __init__(self, path: Path, root: zarr.Group, mode: str) -> None:
+        # Use EpisodeStore.create / EpisodeStore.open; this only wires up already-validated state.
+        self.path = path
+        self.mode = mode
+        self._root = root
+        self._attrs = _parse_attrs(path, dict(root.attrs))
+        self.array_modes: tuple[str, ...] = tuple(m for m in self.obs_modes if m in ARRAY_MODES)
+        self._load()
+
+    # ------------------------------------------------------------------ create / open
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        *,
+        env_id: str,
+        obs_modes: tuple[str, ...] | list[str],
+        action_meaning: list[str],
+        obs_spec: ObsSpec,
+        action_dim: int,
+        extra_attrs: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> EpisodeStore:
+        """Create an empty store at `path`, open for append; refuses an existing path unless `overwrite`."""
+        path = Path(path)
+        modes = parse_obs_modes(obs_modes)
+        array_modes = [m for m in modes if m in ARRAY_MODES]
+        if sorted(obs_spec) != sorted(array_modes):
+            raise ValueError(f"obs_spec keys {sorted(obs_spec)} must equal the array obs_modes {array_modes}")
+        if len(action_meaning) != action_dim:
+            raise ValueError(f"action_meaning has {len(action_meaning)} names but action_dim is {action_dim}")
+        clash = sorted(set(extra_attrs or {}) & set(_RESERVED_ATTRS))
+        if clash:
+            raise ValueError(f"extra_attrs may not redefine reserved store attributes {clash}")
+        if path.exists():
+            if not overwrite:
+                raise StoreExistsError(
+                    f"dmrl store {path}: already exists; pass --overwrite to replace it, "
+                    "or choose another --out"
+                )
+            # Only delete what is plausibly ours: a zarr store or an empty directory, never e.g. a home dir.
+            if not path.is_dir() or (not (path / "zarr.json").exists() and any(path.iterdir())):
+                raise StoreExistsError(
+                    f"dmrl store {path}: exists and is not a zarr store; refusing to delete it; "
+                    "choose another --out"
+                )
+            shutil.rmtree(path)
+        attrs = {
+            "dmrl_format_version": FORMAT_VERSION,
+            "env_id": env_id,
+            "obs_modes": list(modes),
+            "action_meaning": list(action_meaning),
+            "action_dim": int(action_dim),
+            "obs_spec": {
+                m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name}
+                for m in array_modes
+            },
+            **(extra_attrs or {}),
+        }
+        root = zarr.open_group(str(path), mode="w-", attributes=attrs)
+
+        def new(
+            name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0
+        ) -> None:
+            root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill)
+
+        for m in array_modes:
+            shape, dtype = tuple(obs_spec[m][0]), np.dtype(obs_spec[m][1]).name
+            new(f"data/obs/{m}", (0, *shape), step_chunks(shape, dtype), dtype)
+            new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
+        new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
+        new("data/rewards", (0,), step_chunks((), "float32"), "float32")
+        for name, dtype in META_COLUMNS.items():
+            new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
+        for name in TEXT_COLUMNS:
+            new(f"meta/{name}/utf8", (0,), (1 << 16,), "uint8")
+            new(f"meta/{name}/ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
+        # The -1 fill is what makes an entry whose chunk never got written read as "not committed".
+        new("meta/episode_ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
+        return cls(path, root, "a")
+
+    @classmethod
+    def open(cls, path: str | Path, mode: str = "r") -> EpisodeStore:
+        """Open an existing store; mode "a" also drops any partially written (uncommitted) episode."""
+        if mode not in ("r", "a"):
+            raise ValueError(f"EpisodeStore.open: mode must be 'r' or 'a', got {mode!r}")
+        path = Path(path)
+        read_root_attrs(path)  # one-line StoreError for a missing path or an unreadable root zarr.json
+        if mode == "a":
+            clear_partial_files(path)
+        try:
+            root = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
+        except Exception as e:  # zarr raises several types for bad metadata; name the path either way
+            raise StoreError(
+                f"dmrl store {path}: cannot open root group ({type(e).__name__}); {CORRUPT_HINT}"
+            ) from e
+        return cls(path, root, mode)
+
+    def refresh(self) -> None:
+        """Re-read committed episodes (a reader following a live writer)."""
+        self._load()
+
+    # ------------------------------------------------------------------ loading / truncation
+    def _load(self) -> None:
+        req = lambda key: require_array(self.path, self._root, key)  # noqa: E731
+        self._obs = {m: req(f"data/obs/{m}") for m in self.array_modes}
+        self._final = {m: req(f"final/{m}") for m in self.array_modes}
+        self._actions, self._rewards = req("data/actions"), req("data/rewards")
+        self._meta_arrays = {name: req(f"meta/{name}") for name in META_COLUMNS}
+        self._text_arrays = {n: (req(f"meta/{n}/utf8"), req(f"meta/{n}/ends")) for n in TEXT_COLUMNS}
+        self._ends_array = req("meta/episode_ends")
+
+        step_arrays = [*self._obs.values(), self._actions, self._rewards]
+        episode_arrays = [*self._final.values(), *self._meta_arrays.values()]
+        episode_arrays += [ends for _, ends in self._text_arrays.values()]
+        ends = np.asarray(self._ends_array[:], dtype=np.int64)[: min(a.shape[0] for a in episode_arrays)]
+        # Committed prefix: strictly increasing ends (the -1 fill breaks it) covered by every step array.
+        ok = (np.diff(ends, prepend=0) > 0) & (ends <= min(a.shape[0] for a in step_arrays))
+        n = len(ends) if ok.all() else int(np.argmin(ok))
+        text_ends = {name: np.asarray(e[:n], dtype=np.int64) for name, (_, e) in self._text_arrays.items()}
+        for name, (utf8, _) in self._text_arrays.items():
+            while n > 0 and (text_ends[name][n - 1] > utf8.shape[0] or text_ends[name][n - 1] < 0):
+                n -= 1  # only reachable if a file was damaged outside a crash; stay readable
+        ends = ends[:n]
+        self._ends: list[int] = ends.tolist()
+        self._meta: dict[str, list[Any]] = {k: a[:n].tolist() for k, a in self._meta_arrays.items()}
+        self._text: dict[str, list[str]] = {}
+        self._text_bytes: dict[str, int] = {}
+        for name, (utf8, _) in self._text_arrays.items():
+            e = text_ends[name][:n]
+            raw = bytes(np.asarray(utf8[: int(e[-1])] if n else [], dtype=np.uint8))
+            starts = np.concatenate([[0], e])[:-1]
+            self._text[name] = [
+                raw[a:b].decode("utf-8") for a, b in zip(starts.tolist(), e.tolist(), strict=True)
+            ]
+            self._text_bytes[name] = int(e[-1]) if n else 0
+        if self.mode == "a":
+            self._truncate_uncommitted()
+
+    def _truncate_uncommitted(self) -> None:
+        """Resize every array back to the committed prefix so the next append starts clean."""
+        n, steps = self.n_episodes, self.n_steps
+        tail = self._ends_array.shape[0] - n
+        if tail > 0:
+            # Resizing down keeps stale values inside a partly-kept chunk; rewrite the tail with the -1 fill
+            # first so a later grow-then-crash can never resurrect an old end as a committed episode.
+            self._ends_array[n:] = -1
+        for arr in [*self._obs.values(), self._actions, self._rewards]:
+            _resize_rows(arr, steps)
+        for arr in [*self._final.values(), *self._meta_arrays.values(), self._ends_array]:
+            _resize_rows(arr, n)
+        for name, (utf8, ends) in self._text_arrays.items():
+            _resize_rows(utf8, self._text_bytes[name])
+            _resize_rows(ends, n)
+
+    # ------------------------------------------------------------------ writing
+    def append(self, ep: Episode) -> int:
+        """Write one episode and commit it; returns its index. Validates it against the store's spec first."""
+        if self.mode != "a":
+            raise StoreError(f"dmrl store {self.path}: opened read-only; open with mode='a' to append")
+        self._validate(ep)
+        s0, e = self.n_steps, self.n_episodes
+        # Offsets come from the committed counters, so a failed earlier append (e.g. Ctrl-C) is overwritten.
+        writes: list[tuple[zarr.Array, int, np.ndarray]] = []
+        for m in self.array_modes:
+            writes.append((self._obs[m], s0, ep.obs[m]))
+            writes.append((self._final[m], e, ep.final_obs[m][None]))
+        writes.append((self._actions, s0, np.asarray(ep.actions, dtype=np.float32)))
+        writes.append((self._rewards, s0, np.asarray(ep.rewards, dtype=np.float32)))
+        values = {
+            "route": route_to_id(ep.route),
+            "success": bool(ep.success),
+            "return": ep.episode_return,
+            "seed": int(ep.seed),
+            "terminated": bool(ep.terminated),
+            "truncated": bool(ep.truncated),
+        }
+        for name, value in values.items():
+            writes.append((self._meta_arrays[name], e, np.asarray([value], dtype=META_COLUMNS[name])))
+        texts = {
+            "target": ep.target,
+            "instruction": ep.instruction,
+            "info": json.dumps(ep.info, sort_keys=True),
+        }
+        for name, text in texts.items():
+            utf8, ends = self._text_arrays[name]
+            raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+            writes.append((utf8, self._text_bytes[name], raw))
+            writes.append((ends, e, np.asarray([self._text_bytes[name] + len(raw)], dtype=np.int64)))
+        write_batch(writes)  # everything but the commit, concurrently; returns only when all landed
+        write_rows(self._ends_array, e, np.asarray([s0 + ep.length], dtype=np.int64))  # the commit
+        self._ends.append(s0 + ep.length)
+        for name, value in values.items():
+            self._meta[name].append(np.asarray(value, dtype=META_COLUMNS[name]).item())
+        for name, text in texts.items():
+            self._text[name].append(text)
+            self._text_bytes[name] += len(text.encode("utf-8"))
+        return e
+
+    def _validate(self, ep: Episode) -> None:
+        spec = self.obs_spec
+        for label, d, lead in (("obs", ep.obs, (ep.length,)), ("final_obs", ep.final_obs, ())):
+            extra = sorted(set(d) - set(spec))
+            if extra:
+                raise ValueError(
+                    f"Episode.{label}[{extra[0]!r}]: store {self.path} has no such modality "
+                    f"(store has: {', '.join(spec) or 'none'})"
+                )
+            for m, (shape, dtype) in spec.items():
+                if m not in d:
+                    raise ValueError(f"Episode.{label}[{m!r}]: missing; store {self.path} expects it")
+                x = d[m]
+                if x.shape != (*lead, *shape) or x.dtype != np.dtype(dtype):
+                    raise ValueError(
+                        f"Episode.{label}[{m!r}]: got {x.dtype}{list(x.shape)}, "
+                        f"store expects {dtype}{list((*lead, *shape))}"
+                    )
+        if ep.actions.shape[1] != self.action_dim:
+            raise ValueError(
+                f"Episode.actions: got Da={ep.actions.shape[1]}, store expects {self.action_dim}"
+            )
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def attrs(self) -> dict[str, Any]:
+        """Store attributes (obs_spec as {mode: (shape tuple, dtype str)}); a copy."""
+        return {**self._attrs, "obs_spec": self.obs_spec}
+
+    @property
+    def obs_modes(self) -> tuple[str, ...]:
+        return tuple(self._attrs["obs_modes"])
+
+    @property
+    def obs_spec(self) -> ObsSpec:
+        return {m: (tuple(v["shape"]), v["dtype"]) for m, v in self._attrs["obs_spec"].items()}
+
+    @property
+    def action_dim(self) -> int:
+        return int(self._attrs["action_dim"])
+
+    @property
+    def n_episodes(self) -> int:
+        return len(self._ends)
+
+    @property
+    def n_steps(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @property
+    def episode_ends(self) -> np.ndarray:
+        """(E,) int64 cumulative end step of each committed episode."""
+        return np.asarray(self._ends, dtype=np.int64)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(E,) int64 steps per episode."""
+        return np.diff(self.episode_ends, prepend=0)
+
+    def meta(self, name: str) -> np.ndarray:
+        """(E,) one per-episode column: route (int8 code), success, return, seed, terminated, truncated."""
+        if name not in META_COLUMNS:
+            raise KeyError(f"meta column {name!r} unknown; have: {', '.join(META_COLUMNS)}")
+        return np.asarray(self._meta[name], dtype=META_COLUMNS[name])
+
+    success = property(lambda self: self.meta("success"), doc="(E,) bool")
+    returns = property(lambda self: self.meta("return"), doc="(E,) float32")
+    seeds = property(lambda self: self.meta("seed"), doc="(E,) int64")
+    terminated = property(lambda self: self.meta("terminated"), doc="(E,) bool")
+    truncated = property(lambda self: self.meta("truncated"), doc="(E,) bool")
+
+    def routes(self) -> list[str | None]:
+        return [ROUTES[int(r)] for r in self._meta["route"]]
+
+    def instructions(self) -> list[str]:
+        return list(self._text["instruction"])
+
+    def targets(self) -> list[str]:
+        return list(self._text["target"])
+
+    def episode_slice(self, i: int) -> slice:
+        """Step rows [start, end) of episode i (negative i counts from the end)."""
+        n = self.n_episodes
+        if not -n <= i < n:
+            raise IndexError(f"episode {i} out of range; store {self.path} has {n} episodes")
+        i %= n
+        return slice(self._ends[i - 1] if i else 0, self._ends[i])
+
+    def episode(self, i: int) -> Episode:
+        """Read episode i back as an `Episode` (equal to what was appended)."""
+        sl = self.episode_slice(i)
+        i = i % self.n_episodes
+        return Episode(
+            obs={m: np.asarray(self._obs[m][sl]) for m in self.array_modes},
+            final_obs={m: np.asarray(self._final[m][i]) for m in self.array_modes},
+            actions=np.asarray(self._actions[sl]),
+            rewards=np.asarray(self._rewards[sl]),
+            terminated=bool(self._meta["terminated"][i]),
+            truncated=bool(self._meta["truncated"][i]),
+            instruction=self._text["instruction"][i],
+            target=self._text["target"][i],
+            route=ROUTES[int(self._meta["route"][i])],
+            success=bool(self._meta["success"][i]),
+            seed=int(self._meta["seed"][i]),
+            info=json.loads(self._text["info"][i]),
+        )
+
+    def array(self, name: str) -> zarr.Array:
+        """The zarr array of a modality, "actions" or "rewards" (rows beyond `n_steps` are uncommitted)."""
+        if name == "actions":
+            return self._actions
+        if name == "rewards":
+            return self._rewards
+        if name not in self._obs:
+            raise StoreError(
+                f"dmrl store {self.path}: no modality {name!r} "
+                f"(store has: {', '.join(self.array_modes) or 'none'}); "
+                f"collect with --obs-modes including {name}"
+            )
+        return self._obs[name]
+
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: episodes, steps, success rate, route counts, mean return and length."""
+        n = self.n_episodes
+        counts = Counter(r or "none" for r in self.routes())
+        return {
+            "env_id": self._attrs["env_id"],
+            "episodes": n,
+            "steps": self.n_steps,
+            "success_rate": float(self.success.mean()) if n else 0.0,
+            "routes": {k: counts.get(k, 0) for k in ("left", "right", "none")},
+            "mean_return": float(self.returns.mean()) if n else 0.0,
+            "mean_length": float(self.lengths.mean()) if n else 0.0,
+        }
+
+    # ------------------------------------------------------------------ normalizer stats
+    def save_normalizer(self, norm: Normalizer) -> None:
+        """Replace `stats/` with the normalizer's state_dict arrays (+ per-key modes in the group attrs)."""
+        if self.mode != "a":
+            raise StoreError(f"dmrl store {self.path}: opened read-only; open with mode='a' to save stats")
+        if "stats" in self._root:
+            del self._root["stats"]
+        group = self._root.create_group("stats", attributes={"modes": dict(norm.modes)})
+        for key, value in norm.state_dict().items():
+            group.create_array(key, data=value)
+
+    def load_normalizer(self) -> Normalizer:
+        """Read the normalizer saved by `save_normalizer`; StoreError if none was saved."""
+        from dmrl.data.normalizer import Normalizer
+
+        if "stats" not in self._root:
+            raise StoreError(
+                f"dmrl store {self.path}: no normalizer stats saved in 'stats/'; fit and save them first"
+            )
+        group = self._root["stats"]
+        assert isinstance(group, zarr.Group)
+        state = {k: np.asarray(a[:]) for k, a in group.arrays()}
+        return Normalizer.from_state_dict(state, modes=dict(group.attrs.get("modes", {})))
+
+    def __repr__(self) -> str:
+        n, steps = self.n_episodes, self.n_steps
+        return f"EpisodeStore({str(self.path)!r}, mode={self.mode!r}, episodes={n}, steps={steps})"
+
+
+def _resize_rows(arr: zarr.Array, n: int) -> None:
+    if arr.shape[0] != n:
+        arr.resize((n, *arr.shape[1:]))
+
+
+def _parse_attrs(path: Path, attrs: dict[str, Any]) -> dict[str, Any]:
+    for key in _RESERVED_ATTRS:
+        if key not in attrs:
+            raise StoreError(f"dmrl store {path}: missing attribute {key!r}; {CORRUPT_HINT}")
+    if attrs["dmrl_format_version"] != FORMAT_VERSION:
+        raise StoreError(
+            f"dmrl store {path}: format version {attrs['dmrl_format_version']!r}, "
+            f"this dmrl reads {FORMAT_VERSION}; re-run dmrl collect"
+        )
+    return attrs

@@ -1,0 +1,175 @@
+"""Diffusion Policy training windows: To observation frames and Tp actions per sample, edge-padded.
+
+Convention (real-stanford/diffusion_policy `SequenceSampler` with sequence_length=Tp, pad_before=To-1,
+pad_after=Ta-1): a sample is a window of Tp consecutive steps starting at step s of its episode (length L),
+for every s in -(To-1) .. L-Tp+(Ta-1), i.e. L - Tp + To + Ta - 1 windows per episode (none if that is <= 0).
+
+    obs     = frames s .. s+To-1          the current step is t = s+To-1
+    action  = actions s .. s+Tp-1         i.e. t-To+1 .. t-To+Tp; the policy executes action[To-1 : To-1+Ta]
+
+Steps outside [0, L) repeat the nearest edge (first frame/action before the start, last after the end),
+and `action_mask` (Tp,) is False exactly on those padded action steps, so a loss may ignore them.
+Example, L=5, To=2, Tp=4, Ta=2 -> 4 windows (s = -1 .. 2):
+    first: obs steps [0, 0], actions [0, 0, 1, 2], mask [F, T, T, T]
+    last:  obs steps [2, 3], actions [2, 3, 4, 4], mask [T, T, T, F]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from dmrl.data._zarr_utils import StoreError
+from dmrl.data.episodes import EpisodeStore
+from dmrl.data.normalizer import Normalizer
+
+
+def split_episodes(n_episodes: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic disjoint (train_idx, val_idx), both sorted int64; val is non-empty (and train too)
+    whenever n_episodes >= 2 and val_fraction > 0."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction: got {val_fraction}; allowed values are in [0, 1)")
+    perm = np.random.default_rng(seed).permutation(n_episodes)
+    n_val = round(n_episodes * val_fraction)
+    if val_fraction > 0 and n_episodes >= 2:
+        n_val = min(max(n_val, 1), n_episodes - 1)
+    return np.sort(perm[n_val:]).astype(np.int64), np.sort(perm[:n_val]).astype(np.int64)
+
+
+class SequenceDataset(Dataset):
+    """Windows over an `EpisodeStore` (see module docstring). Item (no batch dim; DataLoader adds B):
+
+    obs[k]       (To, ...) float32 torch tensor per requested array modality; rgb stays uint8 (To,3,H,W)
+                 unless a normalizer is given; obs["instruction"] is the episode's string if requested
+    action       (Tp, Da) float32 (normalized when a normalizer is given)
+    action_mask  (Tp,) bool, False on padded action steps
+    episode      int, the store's episode index
+    """
+
+    def __init__(
+        self,
+        store: EpisodeStore | str | Path,
+        obs_keys: Sequence[str],
+        horizon_obs: int = 2,
+        horizon_pred: int = 16,
+        horizon_exec: int = 8,
+        episodes: Sequence[int] | np.ndarray | None = None,
+        normalizer: Normalizer | None = None,
+        cache_images: bool = False,
+    ) -> None:
+        To, Tp, Ta = horizon_obs, horizon_pred, horizon_exec
+        if To < 1 or Tp < To or not 1 <= Ta <= Tp - To + 1:
+            raise ValueError(
+                f"horizons: got To={To}, Tp={Tp}, Ta={Ta}; need To >= 1, Tp >= To and 1 <= Ta <= Tp - To + 1"
+            )
+        self._store: EpisodeStore | None = store if isinstance(store, EpisodeStore) else None
+        store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
+        self.path = store.path
+        self.horizon_obs, self.horizon_pred, self.horizon_exec = To, Tp, Ta
+        self.normalizer = normalizer
+        self.with_instruction = "instruction" in obs_keys
+        if self.with_instruction and "instruction" not in store.obs_modes:
+            raise StoreError(
+                f"dmrl store {store.path}: no modality 'instruction' "
+                f"(store has: {', '.join(store.obs_modes)}); "
+                "collect with --obs-modes including instruction"
+            )
+        self.array_keys = tuple(k for k in obs_keys if k != "instruction")
+        for k in self.array_keys:
+            store.array(k)  # StoreError naming the modality if the store lacks it
+        if normalizer is not None:
+            for k in ("actions", *self.array_keys):
+                normalizer.normalize(
+                    k, np.zeros((1, *store.array(k).shape[1:]), np.float32)
+                )  # raises if missing
+        # Low-dim keys (and actions) are small: load once and normalise once. Images are read per item.
+        self.image_keys = tuple(k for k in self.array_keys if store.array(k).ndim >= 3)
+        n = store.n_steps
+        self._lowdim: dict[str, np.ndarray] = {}
+        for k in ("actions", *(k for k in self.array_keys if k not in self.image_keys)):
+            x = np.asarray(store.array(k)[:n], dtype=np.float32)
+            self._lowdim[k] = normalizer.normalize(k, x) if normalizer is not None else x
+        self._images: dict[str, Any] = {
+            k: np.asarray(store.array(k)[:n]) if cache_images else store.array(k) for k in self.image_keys
+        }
+        self.cache_images = cache_images
+        self._instructions = store.instructions() if self.with_instruction else []
+        self.episodes = (
+            np.arange(store.n_episodes) if episodes is None else np.asarray(episodes, dtype=np.int64)
+        )
+        if len(self.episodes) and not (self.episodes.min() >= 0 and self.episodes.max() < store.n_episodes):
+            raise ValueError(
+                f"episodes: indices must be in [0, {store.n_episodes}), got {self.episodes.tolist()}"
+            )
+        self._index = self._build_index(store.episode_ends)
+        if len(self._index) == 0:
+            raise ValueError(
+                f"SequenceDataset: no windows; episodes {self.episodes.tolist()[:8]} of {store.path} are all "
+                f"shorter than Tp - To - Ta + 2 = {Tp - To - Ta + 2} steps"
+            )
+
+    def _build_index(self, ends: np.ndarray) -> np.ndarray:
+        """(S, 4) int64 rows of (episode, episode start step, episode length, window start s)."""
+        To, Tp, Ta = self.horizon_obs, self.horizon_pred, self.horizon_exec
+        rows = []
+        for e in self.episodes.tolist():
+            start = int(ends[e - 1]) if e else 0
+            length = int(ends[e]) - start
+            s = np.arange(-(To - 1), length - Tp + (Ta - 1) + 1)
+            rows.append(np.stack([np.full_like(s, e), np.full_like(s, start), np.full_like(s, length), s], 1))
+        return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 4), np.int64)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def window_steps(self, i: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
+        """(episode, obs steps (To,), action steps (Tp,), action_mask (Tp,)); steps are episode-relative."""
+        e, _, length, s = (int(v) for v in self._index[i])
+        steps = np.arange(s, s + self.horizon_pred)
+        clipped = np.clip(steps, 0, length - 1)  # repeat-edge padding is exactly index clamping
+        return e, clipped[: self.horizon_obs], clipped, (steps >= 0) & (steps < length)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        e, obs_steps, act_steps, mask = self.window_steps(i)
+        start = int(self._index[i, 1])
+        obs_rows, act_rows = start + obs_steps, start + act_steps
+        obs: dict[str, Any] = {}
+        for k in self.array_keys:
+            if k in self.image_keys:
+                x = self._read_image(k, obs_rows)
+                if self.normalizer is not None:
+                    x = self.normalizer.normalize(k, x).astype(np.float32, copy=False)
+                elif x.dtype != np.uint8:
+                    x = x.astype(np.float32, copy=False)
+                obs[k] = torch.from_numpy(np.ascontiguousarray(x))
+            else:
+                obs[k] = torch.from_numpy(self._lowdim[k][obs_rows])
+        if self.with_instruction:
+            obs["instruction"] = self._instructions[e]
+        return {
+            "obs": obs,
+            "action": torch.from_numpy(self._lowdim["actions"][act_rows]),
+            "action_mask": torch.from_numpy(mask),
+            "episode": e,
+        }
+
+    def _read_image(self, key: str, rows: np.ndarray) -> np.ndarray:
+        """(To, C, H, W) frames at global rows (may repeat at padded edges): one contiguous zarr read."""
+        if self._images[key] is None:  # unpickled in a worker: reopen the store lazily, once per process
+            self._store = EpisodeStore.open(self.path, "r")
+            self._images = {k: self._store.array(k) for k in self.image_keys}
+        lo, hi = int(rows.min()), int(rows.max()) + 1
+        return np.asarray(self._images[key][lo:hi])[rows - lo]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # zarr handles are not shipped to workers; each worker reopens the store on first image read.
+        state = dict(self.__dict__)
+        state["_store"] = None
+        if not self.cache_images:
+            state["_images"] = dict.fromkeys(self.image_keys)
+        return state

@@ -1,0 +1,160 @@
+"""Scripted experts for the MultiPath tasks: waypoint controllers on privileged state, route left or right.
+
+Each episode the expert picks a side of the obstacle with p = 0.5, so a dataset of its demonstrations is
+bimodal by construction. ``noise_std`` adds Gaussian action noise; ``suboptimal`` adds hesitations,
+detours and occasional deliberate failures (dropping the cup, giving up), for offline-RL datasets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dmrl.envs import scene
+from dmrl.envs.geometry import CLEARANCE
+from dmrl.envs.multipath import MAX_STEP, MultiPathEnv, TaskState
+
+CARRY_Z = 0.22  # tip height while moving between cups, obstacle and pad (cup bottoms clear other cups)
+SIDE_X = scene.OBSTACLE_HALF[0] + CLEARANCE + 0.02  # lateral offset of the route waypoints
+HOVER = 0.008  # tip height above a cup top when switching suction on
+
+
+@dataclass
+class ExpertConfig:
+    """Behaviour of :class:`ScriptedExpert`."""
+
+    route: str | None = None
+    """Force "left" or "right"; None draws one per episode with p = 0.5."""
+    noise_std: float = 0.0
+    """Std of Gaussian noise added to every action (then clipped to [-1, 1])."""
+    suboptimal: bool = False
+    """Hesitate (pauses), detour (random extra waypoints) and fail on purpose now and then."""
+    fail_prob: float = 0.25
+    """With suboptimal=True: probability that an episode contains a deliberate failure."""
+    gain: float = 1.0
+    """Proportional gain from waypoint error (in units of the max step) to action."""
+
+    def __post_init__(self) -> None:
+        if self.route not in (None, "left", "right"):
+            raise ValueError(f"expert route: got {self.route!r}; allowed: left, right or None (random)")
+        if not (self.noise_std >= 0 and 0 <= self.fail_prob <= 1 and self.gain > 0):
+            raise ValueError("expert: noise_std >= 0, 0 <= fail_prob <= 1 and gain > 0 are required")
+
+
+class ScriptedExpert:
+    """Follows a list of (position, suction) waypoints computed from the env's privileged TaskState.
+
+    Call :meth:`reset` after ``env.reset`` and :meth:`act` every step; ``side`` holds the chosen route.
+    """
+
+    def __init__(self, env: MultiPathEnv, config: ExpertConfig | None = None, seed: int | None = None):
+        self.env = env
+        self.cfg = config or ExpertConfig()
+        self.rng = np.random.default_rng(seed)
+        self.side = "left"
+        self._plan: list[tuple[np.ndarray, bool, int]] = []
+
+    def reset(self) -> None:
+        cfg, rng = self.cfg, self.rng
+        self.side = cfg.route or ("left" if rng.random() < 0.5 else "right")
+        s = self.env.task_state()
+        self._plan = self._grasp_plan(s) if s.task == "grasp" else self._reach_plan(s)
+        self._k = 0
+        self._wait = 0
+        self._fail_at = -1
+        if cfg.suboptimal:
+            self._add_detours()
+            if rng.random() < cfg.fail_prob:
+                self._fail_at = int(rng.integers(1, len(self._plan)))
+
+    # ------------------------------------------------------------------ plans
+    def _around(self, start_y: float, goal_y: float, oy: float) -> list[np.ndarray]:
+        x = -SIDE_X if self.side == "left" else SIDE_X
+        hy = scene.OBSTACLE_HALF[1] + CLEARANCE
+        y1, y2 = (oy - hy, oy + hy) if goal_y > start_y else (oy + hy, oy - hy)
+        return [np.array([x, y1, CARRY_Z]), np.array([x, y2, CARRY_Z])]
+
+    def _grasp_plan(self, s: TaskState) -> list[tuple[np.ndarray, bool, int]]:
+        cup = s.cups[s.target]
+        top_z = cup[2] + scene.CUP_HALF_HEIGHT
+        above_cup = np.array([cup[0], cup[1], CARRY_Z])
+        place_z = scene.PAD_HEIGHT + 2 * scene.CUP_HALF_HEIGHT + 0.012
+        above_pad = np.array([s.pad[0], s.pad[1], CARRY_Z])
+        # (waypoint, suction, tolerance class: 0 = pass-through, 1 = precise)
+        plan = [(above_cup, False, 1), (np.array([cup[0], cup[1], top_z + HOVER]), False, 1)]
+        plan += [(plan[-1][0], True, 2), (above_cup, True, 0)]
+        plan += [(w, True, 0) for w in self._around(cup[1], s.pad[1], s.obstacle_y)]
+        plan += [(above_pad, True, 1), (np.array([s.pad[0], s.pad[1], place_z]), True, 1)]
+        plan += [(plan[-1][0], False, 2), (above_pad, False, 0)]
+        return plan
+
+    def _reach_plan(self, s: TaskState) -> list[tuple[np.ndarray, bool, int]]:
+        cup = s.cups[s.target]
+        tip = s.tip
+        plan = [(w, False, 0) for w in self._around(tip[1], cup[1], s.obstacle_y)]
+        plan += [(np.array([cup[0], cup[1], CARRY_Z]), False, 1)]
+        plan += [(np.array([cup[0], cup[1], cup[2] + scene.CUP_HALF_HEIGHT + 0.01]), False, 1)]
+        return plan
+
+    def _add_detours(self) -> None:
+        """Insert a random sideways/upward wiggle after some pass-through waypoints (stays off the obstacle)."""
+        out = []
+        for wp, suction, kind in self._plan:
+            out.append((wp, suction, kind))
+            if kind == 0 and self.rng.random() < 0.5:
+                jitter = self.rng.uniform([-0.04, -0.03, -0.03], [0.04, 0.03, 0.02])
+                # push the detour away from the obstacle's centre line so it never aims into it
+                jitter[0] = np.sign(wp[0] or 1.0) * abs(jitter[0])
+                out.append((self.env.workspace.clip(wp + jitter), suction, 0))
+        self._plan = out
+
+    # ------------------------------------------------------------------ acting
+    def act(self) -> np.ndarray:
+        """Action (6,) float32 in [-1, 1] for the env's current state."""
+        s = self.env.task_state()
+        a = np.zeros(6)
+        a[4] = np.clip(-s.pitch / 0.05, -1, 1)  # keep the tool vertical
+        if self._k >= len(self._plan):
+            a[5] = -1.0
+            return self._finish(a)
+        wp, suction, kind = self._plan[self._k]
+        if self._k == self._fail_at:
+            # deliberate failure: let go of whatever is held, then wander for the rest of the episode
+            self._plan = [(self.env.workspace.clip(wp + self.rng.uniform(-0.1, 0.1, 3)), False, 0)] * 400
+            self._k, self._fail_at = 0, -1
+            wp, suction, kind = self._plan[0]
+        err = wp - s.tip
+        a[:3] = np.clip(self.cfg.gain * err / MAX_STEP, -1, 1)
+        a[5] = 1.0 if suction else -1.0
+        tol = (0.03, 0.006, 0.0)[kind]
+        if kind == 2:  # dwell one step so suction switches while the tip is still
+            self._wait += 1
+            done = self._wait >= 2
+        else:
+            done = np.linalg.norm(err) < tol
+        if done:
+            self._k += 1
+            self._wait = 0
+        if self.cfg.suboptimal and self.rng.random() < 0.05:
+            a[:3] = 0.0  # hesitation: a step without motion
+        return self._finish(a)
+
+    def _finish(self, a: np.ndarray) -> np.ndarray:
+        if self.cfg.noise_std > 0:
+            a = a + self.rng.normal(0.0, self.cfg.noise_std, size=6)
+        return np.clip(a, -1.0, 1.0).astype(np.float32)
+
+
+def run_expert_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int, options: dict | None = None):
+    """Roll out one expert episode; returns (actions (T,6), final info, summed reward)."""
+    env.reset(seed=seed, options=options)
+    expert.reset()
+    actions, total = [], 0.0
+    while True:
+        a = expert.act()
+        actions.append(a)
+        _, r, term, trunc, info = env.step(a)
+        total += r
+        if term or trunc:
+            return np.array(actions), info, total

@@ -1,0 +1,361 @@
+"""MultiPath tabletop tasks (Reach, Grasp): one obstacle, exactly two good routes, multimodal observations.
+
+The point of the task family is that good behaviour is bimodal: the arm must pass the central obstacle on
+the left or on the right, and the average of the two (what a unimodal regressor learns) drives straight
+into it. Observations are any subset of RGB, depth, joint angles, wrist force, a language instruction and
+a privileged state vector (see :class:`MultiPathConfig` and the README for shapes and the action meaning).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import gymnasium as gym
+import numpy as np
+
+from dmrl.envs import _gl  # noqa: F401  (must precede the mujoco import: selects MUJOCO_GL)
+import mujoco  # noqa: E402,I001
+
+from dmrl.envs import arm, language, scene  # noqa: E402
+from dmrl.envs.geometry import route_distance  # noqa: E402
+from dmrl.envs.render import MultiCameraRenderer  # noqa: E402
+from dmrl.types import parse_obs_modes  # noqa: E402
+
+#: Meaning of each action dimension, stored with every dataset.
+ACTION_MEANING = (
+    "dx: tip +x (robot's right) velocity, 1 = 3 cm/step",
+    "dy: tip +y (away from robot) velocity, 1 = 3 cm/step",
+    "dz: tip +z (up) velocity, 1 = 3 cm/step",
+    "dyaw: tool yaw rate, 1 = 0.15 rad/step",
+    "dpitch: tool tilt rate in the arm plane, 1 = 0.05 rad/step (bounded to +-0.5 rad)",
+    "suction: > 0 on (grabs a cup under the tip), <= 0 off (releases)",
+)
+MAX_STEP = 0.03  # m per control step
+MAX_YAW_STEP = 0.15
+MAX_PITCH_STEP = 0.05
+TASKS = tuple(scene.LAYOUTS)
+
+
+@dataclass
+class MultiPathConfig:
+    """Settings of a MultiPath environment; invalid values raise in ``__post_init__``."""
+
+    task: str = "grasp"
+    """"grasp" (carry the named cup around the obstacle onto the pad) or "reach" (tip to the named cup)."""
+    obs_modes: tuple[str, ...] = ("rgb", "depth", "joints", "force", "instruction", "state")
+    """Observation keys to emit; any non-empty subset of rgb, depth, joints, force, instruction, state."""
+    image_size: int = 64
+    """H = W of rendered images, 16..128."""
+    cameras: tuple[str, ...] = ("front",)
+    """Cameras stacked along channels: rgb (3V,H,W), depth (V,H,W). Known: front, top, side."""
+    n_objects: int = 3
+    """Number of cups (2 or 3); only the instruction says which one is the target."""
+    max_steps: int = 200
+    """Episode time limit in control steps (10 Hz)."""
+    paraphrases: str = "train"
+    """Instruction paraphrase set sampled at reset: train, heldout or all."""
+    shadows: bool = False
+    """Render shadows (about 45 ms/frame on CPU instead of about 1 ms)."""
+    substeps: int = 10
+    """Physics steps of 10 ms per control step (10 gives 10 Hz control)."""
+    success_bonus: float = 10.0
+    collision_penalty: float = 2.0
+    shaping_scale: float = 5.0
+    """Reward per metre of progress; shaping is potential-based, so it does not change the optimal policy."""
+
+    def __post_init__(self) -> None:
+        self.obs_modes = parse_obs_modes(self.obs_modes)
+        self.cameras = tuple(self.cameras)
+        checks = [
+            (self.task in TASKS, f"task: got {self.task!r}; allowed: {', '.join(TASKS)}"),
+            (16 <= self.image_size <= 128, f"image_size: got {self.image_size}; allowed 16..128"),
+            (2 <= self.n_objects <= 3, f"n_objects: got {self.n_objects}; allowed 2 or 3"),
+            (1 <= self.max_steps <= 1000, f"max_steps: got {self.max_steps}; allowed 1..1000"),
+            (self.paraphrases in language.SPLITS,
+             f"paraphrases: got {self.paraphrases!r}; allowed: {', '.join(language.SPLITS)}"),
+            (len(self.cameras) >= 1 and all(c in scene.CAMERA_NAMES for c in self.cameras),
+             f"cameras: got {self.cameras!r}; allowed: one or more of {', '.join(scene.CAMERA_NAMES)}"),
+            (self.substeps >= 1, f"substeps: got {self.substeps}; must be >= 1"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise ValueError(msg)
+
+
+@dataclass
+class TaskState:
+    """Privileged snapshot the scripted experts plan from (metres, table frame)."""
+
+    tip: np.ndarray  # (3,)
+    yaw: float
+    pitch: float
+    suction: bool
+    attached: int  # index of the cup held by suction, -1 if none
+    cups: np.ndarray  # (n, 3) cup centres
+    target: int
+    pad: np.ndarray  # (2,)
+    obstacle_y: float
+    task: str
+    colors: tuple[str, ...] = field(default_factory=tuple)
+
+
+class MultiPathEnv(gym.Env):
+    """A 5-joint suction arm, 2-3 coloured cups, a pad and an obstacle; see the module docstring."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(self, config: MultiPathConfig | None = None, render_mode: str | None = None, **overrides):
+        cfg = config or MultiPathConfig(**overrides)
+        if config is not None and overrides:
+            raise ValueError("pass either config= or keyword overrides, not both")
+        self.cfg = cfg
+        self.render_mode = render_mode
+        self.colors = tuple(scene.COLORS)[: cfg.n_objects]
+        self.layout = scene.LAYOUTS[cfg.task]
+        xml = scene.build_mjcf(cfg.task, self.colors, scene.CAMERA_NAMES, self.layout.obstacle_y)
+        self.model = mujoco.MjModel.from_xml_string(xml)
+        self.data = mujoco.MjData(self.model)
+        self.workspace = arm.Workspace()
+        self._renderer: MultiCameraRenderer | None = None
+        m = self.model
+        self._arm_qadr = np.array([m.jnt_qposadr[m.joint(j).id] for j in arm.JOINT_NAMES])
+        self._cup_qadr = [m.jnt_qposadr[m.joint(f"cup_{i}").id] for i in range(cfg.n_objects)]
+        self._cup_bodies = [m.body(f"cup_{i}").id for i in range(cfg.n_objects)]
+        self._tool_body = m.body("tool").id
+        self._tip_site = m.site("tip").id
+        self._pad_mocap = m.body_mocapid[m.body("pad").id]
+        self._obstacle_geom = m.geom("obstacle").id
+        self._weld_ids = [m.equality(f"suction_{i}").id for i in range(cfg.n_objects)]
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(6,), dtype=np.float32)
+        self.observation_space = self._make_obs_space()
+
+    # ----------------------------------------------------------------- spaces
+    def _make_obs_space(self) -> gym.spaces.Dict:
+        cfg, h = self.cfg, self.cfg.image_size
+        v = len(cfg.cameras)
+        s_dim = 13 + 4 * cfg.n_objects
+        inf = np.inf
+        spaces: dict[str, gym.Space] = {
+            "rgb": gym.spaces.Box(0, 255, shape=(3 * v, h, h), dtype=np.uint8),
+            "depth": gym.spaces.Box(0.0, 10.0, shape=(v, h, h), dtype=np.float32),
+            "joints": gym.spaces.Box(-inf, inf, shape=(arm.N_JOINTS + 1,), dtype=np.float32),
+            "force": gym.spaces.Box(-inf, inf, shape=(4,), dtype=np.float32),
+            "instruction": gym.spaces.Text(max_length=128, min_length=1,
+                                           charset=" ,'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"),
+            "state": gym.spaces.Box(-inf, inf, shape=(s_dim,), dtype=np.float32),
+        }
+        return gym.spaces.Dict({k: spaces[k] for k in cfg.obs_modes})
+
+    # ----------------------------------------------------------------- reset
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = dict(options or {})
+        unknown = set(options) - {"target", "instruction"}
+        if unknown:
+            raise ValueError(f"reset options: unknown keys {sorted(unknown)}; allowed: target, instruction")
+        rng = self.np_random
+        target_color, instruction = self._choose_target(options, rng)
+        self.target = self.colors.index(target_color)
+        self.instruction = instruction
+        mujoco.mj_resetData(self.model, self.data)
+        self._sample_layout(rng)
+        self.t = 0
+        self.route: str | None = None
+        self.collided = False
+        self.attached = -1
+        self.suction = False
+        q = arm.inverse_kinematics(self.cmd_pos, self.cmd_yaw, self.cmd_pitch)
+        self.data.qpos[self._arm_qadr] = q
+        self.data.ctrl[:] = q
+        mujoco.mj_forward(self.model, self.data)
+        # Let the cups settle on the table so the first observation is at rest.
+        for _ in range(5):
+            mujoco.mj_step(self.model, self.data)
+        self._potential = self._compute_potential()
+        return self._get_obs(), self._info(success=False)
+
+    def _choose_target(self, options: dict, rng: np.random.Generator) -> tuple[str, str]:
+        target, instruction = options.get("target"), options.get("instruction")
+        if target is not None and target not in self.colors:
+            raise ValueError(f"reset option target: got {target!r}; cups in the scene: {', '.join(self.colors)}")
+        if instruction is not None:
+            named = language.parse_target(str(instruction), self.colors)
+            if target is not None and target != named:
+                raise ValueError(f"reset options disagree: target={target!r} but instruction names {named!r}")
+            return named, str(instruction)
+        target = target or self.colors[int(rng.integers(len(self.colors)))]
+        return target, language.sample_instruction(self.cfg.task, target, self.cfg.paraphrases, rng)
+
+    def _sample_layout(self, rng: np.random.Generator) -> None:
+        lay = self.layout
+        slots = rng.permutation(len(lay.cup_ys))[: self.cfg.n_objects]
+        for i, qadr in enumerate(self._cup_qadr):
+            x = rng.uniform(-0.02, 0.02)
+            y = lay.cup_ys[slots[i]] + rng.uniform(-0.008, 0.008)
+            self.data.qpos[qadr : qadr + 7] = (x, y, scene.CUP_HALF_HEIGHT, 1, 0, 0, 0)
+        pad = np.array(lay.pad) + rng.uniform(-0.02, 0.02, size=2)
+        self.data.mocap_pos[self._pad_mocap] = (pad[0], pad[1], 0.0)
+        self.cmd_pos = np.array(lay.home) + rng.uniform(-0.02, 0.02, size=3)
+        self.cmd_yaw = float(rng.uniform(-0.3, 0.3))
+        self.cmd_pitch = 0.0
+        for wid in self._weld_ids:
+            self.data.eq_active[wid] = 0
+
+    # ----------------------------------------------------------------- step
+    def step(self, action):
+        a = np.clip(np.asarray(action, dtype=np.float64).reshape(6), -1.0, 1.0)
+        self.cmd_pos = self.workspace.clip(self.cmd_pos + a[:3] * MAX_STEP)
+        self.cmd_yaw = math.remainder(self.cmd_yaw + a[3] * MAX_YAW_STEP, 2 * math.pi)
+        mp = self.workspace.max_pitch
+        self.cmd_pitch = float(np.clip(self.cmd_pitch + a[4] * MAX_PITCH_STEP, -mp, mp))
+        self.data.ctrl[:] = arm.inverse_kinematics(self.cmd_pos, self.cmd_yaw, self.cmd_pitch)
+        self.suction = bool(a[5] > 0)
+        for _ in range(self.cfg.substeps):
+            mujoco.mj_step(self.model, self.data)
+            self.collided = self.collided or self._touching_obstacle()
+        self._update_suction()
+        self.t += 1
+        tip = self.data.site_xpos[self._tip_site]
+        if self.route is None and abs(tip[1] - self.layout.obstacle_y) < scene.OBSTACLE_HALF[1] + 0.02:
+            self.route = "left" if tip[0] < 0 else "right"
+        success = (not self.collided) and self._is_success()
+        potential = self._compute_potential()
+        reward = potential - self._potential
+        self._potential = potential
+        if success:
+            reward += self.cfg.success_bonus
+        if self.collided:
+            reward -= self.cfg.collision_penalty
+        terminated = success or self.collided
+        truncated = (not terminated) and self.t >= self.cfg.max_steps
+        return self._get_obs(), float(reward), terminated, truncated, self._info(success)
+
+    def _touching_obstacle(self) -> bool:
+        n = self.data.ncon
+        if n == 0:
+            return False
+        geoms = self.data.contact.geom[:n]
+        return bool(np.any(geoms == self._obstacle_geom))
+
+    def _update_suction(self) -> None:
+        if not self.suction:
+            if self.attached >= 0:
+                self.data.eq_active[self._weld_ids[self.attached]] = 0
+                self.attached = -1
+            return
+        if self.attached >= 0:
+            return
+        tip = self.data.site_xpos[self._tip_site]
+        for i, body in enumerate(self._cup_bodies):
+            top = self.data.xpos[body] + self.data.xmat[body].reshape(3, 3)[:, 2] * scene.CUP_HALF_HEIGHT
+            dz = tip[2] - top[2]
+            if np.hypot(*(tip[:2] - top[:2])) < 0.02 and -0.01 < dz < 0.02:
+                self._attach(i)
+                return
+
+    def _attach(self, i: int) -> None:
+        # Weld the cup to the tool at their current relative pose (relpose = pose of cup in tool frame),
+        # so attaching never makes the cup jump.
+        d, wid = self.data, self._weld_ids[i]
+        tool, cup = self._tool_body, self._cup_bodies[i]
+        rel_pos = d.xmat[tool].reshape(3, 3).T @ (d.xpos[cup] - d.xpos[tool])
+        inv_tool = np.zeros(4)
+        mujoco.mju_negQuat(inv_tool, d.xquat[tool])
+        rel_quat = np.zeros(4)
+        mujoco.mju_mulQuat(rel_quat, inv_tool, d.xquat[cup])
+        self.model.eq_data[wid, 0:3] = 0.0
+        self.model.eq_data[wid, 3:6] = rel_pos
+        self.model.eq_data[wid, 6:10] = rel_quat
+        self.model.eq_data[wid, 10] = 1.0
+        d.eq_active[wid] = 1
+        self.attached = i
+
+    # ----------------------------------------------------------------- task logic
+    def task_state(self) -> TaskState:
+        d = self.data
+        return TaskState(
+            tip=d.site_xpos[self._tip_site].copy(), yaw=self.cmd_yaw, pitch=self.cmd_pitch,
+            suction=self.suction, attached=self.attached,
+            cups=np.array([d.xpos[b] for b in self._cup_bodies]), target=self.target,
+            pad=d.mocap_pos[self._pad_mocap][:2].copy(), obstacle_y=self.layout.obstacle_y,
+            task=self.cfg.task, colors=self.colors,
+        )
+
+    def _cup_top(self, i: int) -> np.ndarray:
+        return self.data.xpos[self._cup_bodies[i]] + np.array([0.0, 0.0, scene.CUP_HALF_HEIGHT])
+
+    def _is_success(self) -> bool:
+        tip = self.data.site_xpos[self._tip_site]
+        if self.cfg.task == "reach":
+            top = self._cup_top(self.target)
+            return bool(np.hypot(*(tip[:2] - top[:2])) < 0.02 and -0.01 < tip[2] - top[2] < 0.03)
+        cup = self.data.xpos[self._cup_bodies[self.target]]
+        pad = self.data.mocap_pos[self._pad_mocap]
+        on_pad = np.hypot(*(cup[:2] - pad[:2])) < scene.PAD_RADIUS - 0.01
+        resting = cup[2] < scene.CUP_HALF_HEIGHT + scene.PAD_HEIGHT + 0.01
+        return bool(self.attached < 0 and on_pad and resting)
+
+    def _compute_potential(self) -> float:
+        """Negative route-aware distance to go (m), scaled; plus 1 while the target cup is held."""
+        oy = self.layout.obstacle_y
+        tip = self.data.site_xpos[self._tip_site]
+        top = self._cup_top(self.target)
+        if self.cfg.task == "reach":
+            return -self.cfg.shaping_scale * route_distance(tip, top, oy)
+        cup = self.data.xpos[self._cup_bodies[self.target]]
+        pad = np.array([*self.data.mocap_pos[self._pad_mocap][:2], scene.CUP_HALF_HEIGHT])
+        to_go = route_distance(cup, pad, oy)
+        if self.attached != self.target:
+            to_go += float(np.linalg.norm(tip - top)) if to_go > scene.PAD_RADIUS else 0.0
+        held = 1.0 if self.attached == self.target else 0.0
+        return held - self.cfg.shaping_scale * to_go
+
+    # ----------------------------------------------------------------- observations
+    def _get_obs(self) -> dict:
+        cfg, d = self.cfg, self.data
+        obs: dict = {}
+        if "rgb" in cfg.obs_modes or "depth" in cfg.obs_modes:
+            if self._renderer is None:
+                self._renderer = MultiCameraRenderer(self.model, cfg.image_size, cfg.cameras, cfg.shadows)
+            rgb, depth = self._renderer.render(d, "rgb" in cfg.obs_modes, "depth" in cfg.obs_modes)
+            if rgb is not None:
+                obs["rgb"] = rgb
+            if depth is not None:
+                obs["depth"] = depth
+        if "joints" in cfg.obs_modes:
+            obs["joints"] = np.append(d.qpos[self._arm_qadr], float(self.suction)).astype(np.float32)
+        if "force" in cfg.obs_modes:
+            obs["force"] = d.sensordata[:4].astype(np.float32)
+        if "instruction" in cfg.obs_modes:
+            obs["instruction"] = self.instruction
+        if "state" in cfg.obs_modes:
+            obs["state"] = self._state_vector()
+        return obs
+
+    def _state_vector(self) -> np.ndarray:
+        """(13 + 4n,): tip(3) yaw pitch suction held target_cup(3) pad(3) cups(3n) target_onehot(n)."""
+        d = self.data
+        cups = np.array([d.xpos[b] for b in self._cup_bodies])
+        onehot = np.eye(self.cfg.n_objects)[self.target]
+        head = [d.site_xpos[self._tip_site], [self.cmd_yaw, self.cmd_pitch, float(self.suction),
+                                              float(self.attached == self.target)]]
+        return np.concatenate(
+            [*head, cups[self.target], d.mocap_pos[self._pad_mocap], cups.ravel(), onehot]
+        ).astype(np.float32)
+
+    def _info(self, success: bool) -> dict:
+        return {"is_success": bool(success), "collision": bool(self.collided), "route": self.route,
+                "target": self.colors[self.target], "instruction": self.instruction}
+
+    def render(self):
+        if self._renderer is None:
+            self._renderer = MultiCameraRenderer(self.model, self.cfg.image_size, self.cfg.cameras,
+                                                 self.cfg.shadows)
+        rgb, _ = self._renderer.render(self.data, True, False)
+        return np.moveaxis(rgb[:3], 0, -1)
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
