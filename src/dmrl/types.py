@@ -33,9 +33,7 @@ def parse_obs_modes(modes: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
     items = [m for m in items if m]
     unknown = [m for m in items if m not in OBS_MODES]
     if unknown or not items:
-        raise ValueError(
-            f"obs_modes: got {items!r}; allowed values are a non-empty subset of {', '.join(OBS_MODES)}"
-        )
+        raise ValueError(f"obs_modes: got {items!r}; allowed values are a non-empty subset of {', '.join(OBS_MODES)}")
     return tuple(m for m in OBS_MODES if m in items)
 
 

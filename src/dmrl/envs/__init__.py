@@ -12,8 +12,12 @@ ENV_IDS = {"dmrl/MultiPathReach-v0": "reach", "dmrl/MultiPathGrasp-v0": "grasp"}
 def _register() -> None:
     for env_id, task in ENV_IDS.items():
         if env_id not in gym.registry:
-            gym.register(env_id, entry_point="dmrl.envs.multipath:MultiPathEnv", kwargs={"task": task},
-                         disable_env_checker=True)
+            gym.register(
+                env_id,
+                entry_point="dmrl.envs.multipath:MultiPathEnv",
+                kwargs={"task": task},
+                disable_env_checker=True,
+            )
 
 
 def make_env(env_id: str, **overrides) -> MultiPathEnv:

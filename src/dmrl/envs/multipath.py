@@ -12,14 +12,17 @@ import math
 from dataclasses import dataclass, field
 
 import gymnasium as gym
+import mujoco  # noqa: E402,I001
 import numpy as np
 
-from dmrl.envs import _gl  # noqa: F401  (must precede the mujoco import: selects MUJOCO_GL)
-import mujoco  # noqa: E402,I001
-
-from dmrl.envs import arm, language, scene  # noqa: E402
+from dmrl.envs import (  # noqa: E402
+    _gl,  # noqa: F401  (must precede the mujoco import: selects MUJOCO_GL)
+    arm,
+    language,
+    scene,
+)
 from dmrl.envs.geometry import route_distance  # noqa: E402
-from dmrl.envs.render import MultiCameraRenderer  # noqa: E402
+from dmrl.envs.render import DEPTH_MAX, MultiCameraRenderer  # noqa: E402
 from dmrl.types import parse_obs_modes  # noqa: E402
 
 #: Meaning of each action dimension, stored with every dataset.
@@ -72,10 +75,14 @@ class MultiPathConfig:
             (16 <= self.image_size <= 128, f"image_size: got {self.image_size}; allowed 16..128"),
             (2 <= self.n_objects <= 3, f"n_objects: got {self.n_objects}; allowed 2 or 3"),
             (1 <= self.max_steps <= 1000, f"max_steps: got {self.max_steps}; allowed 1..1000"),
-            (self.paraphrases in language.SPLITS,
-             f"paraphrases: got {self.paraphrases!r}; allowed: {', '.join(language.SPLITS)}"),
-            (len(self.cameras) >= 1 and all(c in scene.CAMERA_NAMES for c in self.cameras),
-             f"cameras: got {self.cameras!r}; allowed: one or more of {', '.join(scene.CAMERA_NAMES)}"),
+            (
+                self.paraphrases in language.SPLITS,
+                f"paraphrases: got {self.paraphrases!r}; allowed: {', '.join(language.SPLITS)}",
+            ),
+            (
+                len(self.cameras) >= 1 and all(c in scene.CAMERA_NAMES for c in self.cameras),
+                f"cameras: got {self.cameras!r}; allowed: one or more of {', '.join(scene.CAMERA_NAMES)}",
+            ),
             (self.substeps >= 1, f"substeps: got {self.substeps}; must be >= 1"),
         ]
         for ok, msg in checks:
@@ -135,15 +142,20 @@ class MultiPathEnv(gym.Env):
         cfg, h = self.cfg, self.cfg.image_size
         v = len(cfg.cameras)
         s_dim = 13 + 4 * cfg.n_objects
-        inf = np.inf
+        # Joint limits plus the suction flag; force in newtons; state in metres / radians.
+        j_low = np.append(arm.JOINT_LIMITS[:, 0], 0.0).astype(np.float32)
+        j_high = np.append(arm.JOINT_LIMITS[:, 1], 1.0).astype(np.float32)
         spaces: dict[str, gym.Space] = {
             "rgb": gym.spaces.Box(0, 255, shape=(3 * v, h, h), dtype=np.uint8),
-            "depth": gym.spaces.Box(0.0, 10.0, shape=(v, h, h), dtype=np.float32),
-            "joints": gym.spaces.Box(-inf, inf, shape=(arm.N_JOINTS + 1,), dtype=np.float32),
-            "force": gym.spaces.Box(-inf, inf, shape=(4,), dtype=np.float32),
-            "instruction": gym.spaces.Text(max_length=128, min_length=1,
-                                           charset=" ,'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"),
-            "state": gym.spaces.Box(-inf, inf, shape=(s_dim,), dtype=np.float32),
+            "depth": gym.spaces.Box(0.0, DEPTH_MAX, shape=(v, h, h), dtype=np.float32),
+            "joints": gym.spaces.Box(j_low, j_high, dtype=np.float32),
+            "force": gym.spaces.Box(-1e3, 1e3, shape=(4,), dtype=np.float32),
+            "instruction": gym.spaces.Text(
+                max_length=128,
+                min_length=1,
+                charset=" ,'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ",
+            ),
+            "state": gym.spaces.Box(-10.0, 10.0, shape=(s_dim,), dtype=np.float32),
         }
         return gym.spaces.Dict({k: spaces[k] for k in cfg.obs_modes})
 
@@ -275,11 +287,17 @@ class MultiPathEnv(gym.Env):
     def task_state(self) -> TaskState:
         d = self.data
         return TaskState(
-            tip=d.site_xpos[self._tip_site].copy(), yaw=self.cmd_yaw, pitch=self.cmd_pitch,
-            suction=self.suction, attached=self.attached,
-            cups=np.array([d.xpos[b] for b in self._cup_bodies]), target=self.target,
-            pad=d.mocap_pos[self._pad_mocap][:2].copy(), obstacle_y=self.layout.obstacle_y,
-            task=self.cfg.task, colors=self.colors,
+            tip=d.site_xpos[self._tip_site].copy(),
+            yaw=self.cmd_yaw,
+            pitch=self.cmd_pitch,
+            suction=self.suction,
+            attached=self.attached,
+            cups=np.array([d.xpos[b] for b in self._cup_bodies]),
+            target=self.target,
+            pad=d.mocap_pos[self._pad_mocap][:2].copy(),
+            obstacle_y=self.layout.obstacle_y,
+            task=self.cfg.task,
+            colors=self.colors,
         )
 
     def _cup_top(self, i: int) -> np.ndarray:
@@ -338,20 +356,26 @@ class MultiPathEnv(gym.Env):
         d = self.data
         cups = np.array([d.xpos[b] for b in self._cup_bodies])
         onehot = np.eye(self.cfg.n_objects)[self.target]
-        head = [d.site_xpos[self._tip_site], [self.cmd_yaw, self.cmd_pitch, float(self.suction),
-                                              float(self.attached == self.target)]]
-        return np.concatenate(
-            [*head, cups[self.target], d.mocap_pos[self._pad_mocap], cups.ravel(), onehot]
-        ).astype(np.float32)
+        head = [
+            d.site_xpos[self._tip_site],
+            [self.cmd_yaw, self.cmd_pitch, float(self.suction), float(self.attached == self.target)],
+        ]
+        return np.concatenate([*head, cups[self.target], d.mocap_pos[self._pad_mocap], cups.ravel(), onehot]).astype(
+            np.float32
+        )
 
     def _info(self, success: bool) -> dict:
-        return {"is_success": bool(success), "collision": bool(self.collided), "route": self.route,
-                "target": self.colors[self.target], "instruction": self.instruction}
+        return {
+            "is_success": bool(success),
+            "collision": bool(self.collided),
+            "route": self.route,
+            "target": self.colors[self.target],
+            "instruction": self.instruction,
+        }
 
     def render(self):
         if self._renderer is None:
-            self._renderer = MultiCameraRenderer(self.model, self.cfg.image_size, self.cfg.cameras,
-                                                 self.cfg.shadows)
+            self._renderer = MultiCameraRenderer(self.model, self.cfg.image_size, self.cfg.cameras, self.cfg.shadows)
         rgb, _ = self._renderer.render(self.data, True, False)
         return np.moveaxis(rgb[:3], 0, -1)
 

@@ -7,10 +7,10 @@ instead of drawing the scene twice as ``mujoco.Renderer`` does for depth.
 
 from __future__ import annotations
 
+import mujoco  # noqa: E402,I001
 import numpy as np
 
 from dmrl.envs import _gl
-import mujoco  # noqa: E402,I001
 
 DEPTH_MAX = 2.0  # m; background (no geometry within the far plane) reads as this
 
@@ -48,13 +48,13 @@ class MultiCameraRenderer:
         rgbs, depths = [], []
         for cam in self._cam_ids:
             self._cam.fixedcamid = cam
-            mujoco.mjv_updateScene(self.model, data, self._opt, self._pert, self._cam,
-                                   mujoco.mjtCatBit.mjCAT_ALL, self._scene)
+            mujoco.mjv_updateScene(
+                self.model, data, self._opt, self._pert, self._cam, mujoco.mjtCatBit.mjCAT_ALL, self._scene
+            )
             self._scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = self._shadows
             self._scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = False
             mujoco.mjr_render(self._rect, self._scene, self._ctx)
-            mujoco.mjr_readPixels(self._rgb if rgb else None, self._depth if depth else None,
-                                  self._rect, self._ctx)
+            mujoco.mjr_readPixels(self._rgb if rgb else None, self._depth if depth else None, self._rect, self._ctx)
             # OpenGL rows start at the bottom of the image.
             if rgb:
                 rgbs.append(np.moveaxis(self._rgb[::-1], -1, 0).copy())  # buffer is reused

@@ -61,8 +61,9 @@ def build_mjcf(task: str, colors: tuple[str, ...], cameras: tuple[str, ...], obs
         f'    <weld name="suction_{i}" body1="tool" body2="cup_{i}" active="false" solref="0.01 1"/>'
         for i in range(len(colors))
     )
-    cams = "\n".join(f'    <camera name="{n}" pos="{_CAMERAS[n][0]}" xyaxes="{_CAMERAS[n][1]}" fovy="45"/>'
-                     for n in cameras)
+    cams = "\n".join(
+        f'    <camera name="{n}" pos="{_CAMERAS[n][0]}" xyaxes="{_CAMERAS[n][1]}" fovy="45"/>' for n in cameras
+    )
     lim = arm.JOINT_LIMITS
     return f"""<mujoco model="multipath_{task}">
   <compiler angle="radian" autolimits="true"/>

@@ -1,0 +1,65 @@
+"""The scripted experts solve both tasks, pick routes 50/50, and their mode average fails (the point)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dmrl.envs import make_env
+from dmrl.envs.collect import record_episode
+from dmrl.envs.experts import ExpertConfig, ScriptedExpert, run_expert_episode
+
+TASKS = ["dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"]
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_expert_success_and_route_share_over_100_seeds(env_id):
+    env = make_env(env_id, obs_modes=("state",))
+    expert = ScriptedExpert(env)
+    eps = [record_episode(env, expert, seed) for seed in range(100)]
+    success = np.mean([e.success for e in eps])
+    left = np.mean([e.route == "left" for e in eps])
+    assert success >= 0.95, f"expert success {success:.2f} < 0.95"
+    assert 0.40 <= left <= 0.60, f"left-route share {left:.2f} outside 40-60%"
+    assert all(e.route is not None for e in eps if e.success)
+    assert max(e.length for e in eps) < 120
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_average_of_left_and_right_plans_fails(env_id):
+    """Open-loop execution of the step-wise mean of a left and a right plan must fail in >= 90% of seeds."""
+    env = make_env(env_id, obs_modes=("state",))
+    n, fails = 30, 0
+    for seed in range(n):
+        plans = []
+        for route in ("left", "right"):
+            actions, info, _ = run_expert_episode(env, ScriptedExpert(env, ExpertConfig(route=route)), seed)
+            assert info["is_success"] and info["route"] == route
+            plans.append(actions)
+        t = max(map(len, plans))
+        plans = [np.concatenate([p, np.repeat(p[-1:], t - len(p), 0)]) for p in plans]
+        mean_plan = (plans[0] + plans[1]) / 2
+        env.reset(seed=seed)
+        for step in range(env.cfg.max_steps):
+            *_, terminated, truncated, info = env.step(mean_plan[min(step, t - 1)])
+            if terminated or truncated:
+                break
+        fails += not info["is_success"]
+    assert fails / n >= 0.9, f"mode-averaged plan succeeded in {n - fails}/{n} seeds"
+
+
+def test_noisy_and_suboptimal_experts_are_worse_but_valid():
+    env = make_env("dmrl/MultiPathGrasp-v0", obs_modes=("state",))
+    sub = ScriptedExpert(env, ExpertConfig(suboptimal=True, noise_std=0.1, fail_prob=0.5))
+    eps = [record_episode(env, sub, seed) for seed in range(30)]
+    success = np.mean([e.success for e in eps])
+    assert 0.2 <= success <= 0.9, f"suboptimal expert success {success:.2f} should be mixed"
+    clean = [record_episode(env, ScriptedExpert(env), seed) for seed in range(30)]
+    assert np.mean([e.length for e in eps]) > np.mean([e.length for e in clean])
+    for e in eps:
+        assert np.all(np.abs(e.actions) <= 1.0)
+
+
+def test_expert_config_validation():
+    with pytest.raises(ValueError, match="route"):
+        ExpertConfig(route="up")
