@@ -1,5 +1,6 @@
 """dmrl: reinforcement learning with diffusion-model policies over multimodal observations."""
 
-from dmrl.envs import _gl as _gl  # picks a headless MUJOCO_GL before anything imports mujoco
+# First import of the package: choose a headless MUJOCO_GL before any submodule imports mujoco.
+from dmrl import _gl as _gl  # noqa: I001
 
 __version__ = "0.1.0"

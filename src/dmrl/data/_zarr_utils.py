@@ -93,9 +93,7 @@ def read_root_attrs(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StoreError(
-            f"dmrl store {path}: corrupt 'zarr.json' ({type(e).__name__}; {CORRUPT_HINT})"
-        ) from e
+        raise StoreError(f"dmrl store {path}: corrupt 'zarr.json' ({type(e).__name__}; {CORRUPT_HINT})") from e
     if not isinstance(doc, dict) or doc.get("zarr_format") != 3 or doc.get("node_type") != "group":
         raise StoreError(f"dmrl store {path}: 'zarr.json' is not a zarr v3 group ({CORRUPT_HINT})")
     attrs = doc.get("attributes", {})
@@ -109,9 +107,7 @@ def require_array(path: Path, root: zarr.Group, key: str) -> zarr.Array:
     except KeyError:
         raise StoreError(f"dmrl store {path}: missing array '{key}' ({CORRUPT_HINT})") from None
     except Exception as e:  # zarr surfaces bad metadata as JSONDecodeError, ValueError, TypeError, ...
-        raise StoreError(
-            f"dmrl store {path}: corrupt metadata for '{key}' ({type(e).__name__}; {CORRUPT_HINT})"
-        ) from e
+        raise StoreError(f"dmrl store {path}: corrupt metadata for '{key}' ({type(e).__name__}; {CORRUPT_HINT})") from e
     if not isinstance(node, zarr.Array):
         raise StoreError(f"dmrl store {path}: '{key}' is a group, expected an array ({CORRUPT_HINT})")
     return node

@@ -108,14 +108,12 @@ class EpisodeStore:
         if path.exists():
             if not overwrite:
                 raise StoreExistsError(
-                    f"dmrl store {path}: already exists; pass --overwrite to replace it, "
-                    "or choose another --out"
+                    f"dmrl store {path}: already exists; pass --overwrite to replace it, or choose another --out"
                 )
             # Only delete what is plausibly ours: a zarr store or an empty directory, never e.g. a home dir.
             if not path.is_dir() or (not (path / "zarr.json").exists() and any(path.iterdir())):
                 raise StoreExistsError(
-                    f"dmrl store {path}: exists and is not a zarr store; refusing to delete it; "
-                    "choose another --out"
+                    f"dmrl store {path}: exists and is not a zarr store; refusing to delete it; choose another --out"
                 )
             shutil.rmtree(path)
         attrs = {
@@ -125,16 +123,13 @@ class EpisodeStore:
             "action_meaning": list(action_meaning),
             "action_dim": int(action_dim),
             "obs_spec": {
-                m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name}
-                for m in array_modes
+                m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name} for m in array_modes
             },
             **(extra_attrs or {}),
         }
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
 
-        def new(
-            name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0
-        ) -> None:
+        def new(name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0) -> None:
             root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill)
 
         for m in array_modes:
@@ -164,9 +159,7 @@ class EpisodeStore:
         try:
             root = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
         except Exception as e:  # zarr raises several types for bad metadata; name the path either way
-            raise StoreError(
-                f"dmrl store {path}: cannot open root group ({type(e).__name__}); {CORRUPT_HINT}"
-            ) from e
+            raise StoreError(f"dmrl store {path}: cannot open root group ({type(e).__name__}); {CORRUPT_HINT}") from e
         return cls(path, root, mode)
 
     def refresh(self) -> None:
@@ -203,9 +196,7 @@ class EpisodeStore:
             e = text_ends[name][:n]
             raw = bytes(np.asarray(utf8[: int(e[-1])] if n else [], dtype=np.uint8))
             starts = np.concatenate([[0], e])[:-1]
-            self._text[name] = [
-                raw[a:b].decode("utf-8") for a, b in zip(starts.tolist(), e.tolist(), strict=True)
-            ]
+            self._text[name] = [raw[a:b].decode("utf-8") for a, b in zip(starts.tolist(), e.tolist(), strict=True)]
             self._text_bytes[name] = int(e[-1]) if n else 0
         if self.mode == "a":
             self._truncate_uncommitted()
@@ -253,7 +244,8 @@ class EpisodeStore:
         texts = {
             "target": ep.target,
             "instruction": ep.instruction,
-            "info": json.dumps(ep.info, sort_keys=True),
+            # default=float: collectors often hand numpy scalars, which json cannot encode itself
+            "info": json.dumps(ep.info, sort_keys=True, default=float),
         }
         for name, text in texts.items():
             utf8, ends = self._text_arrays[name]
@@ -289,9 +281,7 @@ class EpisodeStore:
                         f"store expects {dtype}{list((*lead, *shape))}"
                     )
         if ep.actions.shape[1] != self.action_dim:
-            raise ValueError(
-                f"Episode.actions: got Da={ep.actions.shape[1]}, store expects {self.action_dim}"
-            )
+            raise ValueError(f"Episode.actions: got Da={ep.actions.shape[1]}, store expects {self.action_dim}")
 
     # ------------------------------------------------------------------ reading
     @property
@@ -335,11 +325,30 @@ class EpisodeStore:
             raise KeyError(f"meta column {name!r} unknown; have: {', '.join(META_COLUMNS)}")
         return np.asarray(self._meta[name], dtype=META_COLUMNS[name])
 
-    success = property(lambda self: self.meta("success"), doc="(E,) bool")
-    returns = property(lambda self: self.meta("return"), doc="(E,) float32")
-    seeds = property(lambda self: self.meta("seed"), doc="(E,) int64")
-    terminated = property(lambda self: self.meta("terminated"), doc="(E,) bool")
-    truncated = property(lambda self: self.meta("truncated"), doc="(E,) bool")
+    @property
+    def success(self) -> np.ndarray:
+        """(E,) bool"""
+        return self.meta("success")
+
+    @property
+    def returns(self) -> np.ndarray:
+        """(E,) float32 undiscounted episode return"""
+        return self.meta("return")
+
+    @property
+    def seeds(self) -> np.ndarray:
+        """(E,) int64 reset seed of each episode"""
+        return self.meta("seed")
+
+    @property
+    def terminated(self) -> np.ndarray:
+        """(E,) bool"""
+        return self.meta("terminated")
+
+    @property
+    def truncated(self) -> np.ndarray:
+        """(E,) bool"""
+        return self.meta("truncated")
 
     def routes(self) -> list[str | None]:
         return [ROUTES[int(r)] for r in self._meta["route"]]
@@ -421,9 +430,7 @@ class EpisodeStore:
         from dmrl.data.normalizer import Normalizer
 
         if "stats" not in self._root:
-            raise StoreError(
-                f"dmrl store {self.path}: no normalizer stats saved in 'stats/'; fit and save them first"
-            )
+            raise StoreError(f"dmrl store {self.path}: no normalizer stats saved in 'stats/'; fit and save them first")
         group = self._root["stats"]
         assert isinstance(group, zarr.Group)
         state = {k: np.asarray(a[:]) for k, a in group.arrays()}
@@ -443,6 +450,10 @@ def _parse_attrs(path: Path, attrs: dict[str, Any]) -> dict[str, Any]:
     for key in _RESERVED_ATTRS:
         if key not in attrs:
             raise StoreError(f"dmrl store {path}: missing attribute {key!r}; {CORRUPT_HINT}")
+    spec = attrs["obs_spec"]
+    array_modes = [m for m in attrs["obs_modes"] if m in ARRAY_MODES]
+    if not isinstance(spec, dict) or any(not {"shape", "dtype"} <= set(spec.get(m, {})) for m in array_modes):
+        raise StoreError(f"dmrl store {path}: corrupt attribute 'obs_spec' ({CORRUPT_HINT})")
     if attrs["dmrl_format_version"] != FORMAT_VERSION:
         raise StoreError(
             f"dmrl store {path}: format version {attrs['dmrl_format_version']!r}, "

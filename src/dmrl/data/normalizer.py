@@ -112,21 +112,16 @@ class Normalizer:
     ) -> Normalizer:
         """Inverse of `state_dict` (numpy arrays or tensors); a missing entry raises an error naming it."""
         if keys is None:
-            keys = sorted(
-                {name.rsplit(".", 1)[0] for name in state if name.rsplit(".", 1)[-1] in ("scale", "offset")}
-            )
+            keys = sorted({name.rsplit(".", 1)[0] for name in state if name.rsplit(".", 1)[-1] in ("scale", "offset")})
         norm = cls()
         for k in keys:
             for part in ("scale", "offset"):
                 if f"{k}.{part}" not in state:
                     raise MissingStatError(
-                        f"normalizer state_dict: missing key '{k}.{part}' "
-                        f"(have: {', '.join(sorted(state)) or 'none'})"
+                        f"normalizer state_dict: missing key '{k}.{part}' (have: {', '.join(sorted(state)) or 'none'})"
                     )
             arrays = [state[f"{k}.{p}"] for p in ("scale", "offset")]
-            arrays = [
-                a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a) for a in arrays
-            ]
+            arrays = [a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a) for a in arrays]
             norm.set(k, arrays[0], arrays[1], (modes or {}).get(k, "unknown"))
         return norm
 

@@ -84,9 +84,7 @@ class SequenceDataset(Dataset):
             store.array(k)  # StoreError naming the modality if the store lacks it
         if normalizer is not None:
             for k in ("actions", *self.array_keys):
-                normalizer.normalize(
-                    k, np.zeros((1, *store.array(k).shape[1:]), np.float32)
-                )  # raises if missing
+                normalizer.normalize(k, np.zeros((1, *store.array(k).shape[1:]), np.float32))  # raises if missing
         # Low-dim keys (and actions) are small: load once and normalise once. Images are read per item.
         self.image_keys = tuple(k for k in self.array_keys if store.array(k).ndim >= 3)
         n = store.n_steps
@@ -99,13 +97,9 @@ class SequenceDataset(Dataset):
         }
         self.cache_images = cache_images
         self._instructions = store.instructions() if self.with_instruction else []
-        self.episodes = (
-            np.arange(store.n_episodes) if episodes is None else np.asarray(episodes, dtype=np.int64)
-        )
+        self.episodes = np.arange(store.n_episodes) if episodes is None else np.asarray(episodes, dtype=np.int64)
         if len(self.episodes) and not (self.episodes.min() >= 0 and self.episodes.max() < store.n_episodes):
-            raise ValueError(
-                f"episodes: indices must be in [0, {store.n_episodes}), got {self.episodes.tolist()}"
-            )
+            raise ValueError(f"episodes: indices must be in [0, {store.n_episodes}), got {self.episodes.tolist()}")
         self._index = self._build_index(store.episode_ends)
         if len(self._index) == 0:
             raise ValueError(

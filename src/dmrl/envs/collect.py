@@ -184,14 +184,15 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
         first_seed = cfg.seed
     seeds = list(range(first_seed, first_seed + cfg.episodes))
     bar = tqdm(total=cfg.episodes, desc=f"collect {cfg.env}", unit="ep", disable=not progress)
-    successes = 0
+    successes = done = 0
     try:
         for ep in _episodes(cfg, seeds):
             with _sigint_deferred():
                 store.append(ep)
             successes += ep.success
+            done += 1
             bar.update(1)
-            bar.set_postfix(success=f"{successes / bar.n:.2f}")
+            bar.set_postfix(success=f"{successes / done:.2f}")
     finally:
         bar.close()
     return store

@@ -12,18 +12,13 @@ import math
 from dataclasses import dataclass, field
 
 import gymnasium as gym
-import mujoco  # noqa: E402,I001
+import mujoco
 import numpy as np
 
-from dmrl.envs import (  # noqa: E402
-    _gl,  # noqa: F401  (must precede the mujoco import: selects MUJOCO_GL)
-    arm,
-    language,
-    scene,
-)
-from dmrl.envs.geometry import route_distance  # noqa: E402
-from dmrl.envs.render import DEPTH_MAX, MultiCameraRenderer  # noqa: E402
-from dmrl.types import parse_obs_modes  # noqa: E402
+from dmrl.envs import arm, language, scene
+from dmrl.envs.geometry import route_distance
+from dmrl.envs.render import DEPTH_MAX, MultiCameraRenderer
+from dmrl.types import parse_obs_modes
 
 #: Meaning of each action dimension, stored with every dataset.
 ACTION_MEANING = (
@@ -133,6 +128,7 @@ class MultiPathEnv(gym.Env):
         self._tip_site = m.site("tip").id
         self._pad_mocap = m.body_mocapid[m.body("pad").id]
         self._obstacle_geom = m.geom("obstacle").id
+        self._obstacle_touch = m.sensor_adr[m.sensor("obstacle_touch").id]
         self._weld_ids = [m.equality(f"suction_{i}").id for i in range(cfg.n_objects)]
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(6,), dtype=np.float32)
         self.observation_space = self._make_obs_space()
@@ -244,11 +240,8 @@ class MultiPathEnv(gym.Env):
         return self._get_obs(), float(reward), terminated, truncated, self._info(success)
 
     def _touching_obstacle(self) -> bool:
-        n = self.data.ncon
-        if n == 0:
-            return False
-        geoms = self.data.contact.geom[:n]
-        return bool(np.any(geoms == self._obstacle_geom))
+        # Any contact force on the obstacle: read from a touch sensor filled by this substep's collision pass.
+        return self.data.sensordata[self._obstacle_touch] > 0.0
 
     def _update_suction(self) -> None:
         if not self.suction:

@@ -7,10 +7,10 @@ instead of drawing the scene twice as ``mujoco.Renderer`` does for depth.
 
 from __future__ import annotations
 
-import mujoco  # noqa: E402,I001
+import mujoco
 import numpy as np
 
-from dmrl.envs import _gl
+from dmrl import _gl
 
 DEPTH_MAX = 2.0  # m; background (no geometry within the far plane) reads as this
 

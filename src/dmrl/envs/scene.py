@@ -91,8 +91,11 @@ def build_mjcf(task: str, colors: tuple[str, ...], cameras: tuple[str, ...], obs
     <geom name="table" type="plane" size="0.8 0.9 0.3" pos="0 0.3 0" material="table"/>
     <geom name="pedestal" type="cylinder" size="0.06 0.13" pos="0 0 0.13" rgba="0.25 0.25 0.28 1"
           contype="0" conaffinity="0"/>
-    <geom name="obstacle" type="box" size="{ox} {oy} {oz}" pos="0 {obstacle_y} {oz}"
-          rgba="0.45 0.30 0.20 1"/>
+    <body name="obstacle" pos="0 {obstacle_y} {oz}">
+      <geom name="obstacle" type="box" size="{ox} {oy} {oz}" rgba="0.45 0.30 0.20 1"/>
+      <!-- touch sensor volume: any contact force on the obstacle reads > 0 (cheaper than scanning contacts) -->
+      <site name="obstacle_zone" type="box" size="{ox + 0.005} {oy + 0.005} {oz + 0.005}" rgba="0 0 0 0"/>
+    </body>
     <body name="pad" pos="{layout.pad[0]} {layout.pad[1]} 0" mocap="true">
       <geom name="pad" type="cylinder" size="{PAD_RADIUS} {PAD_HEIGHT / 2}" pos="0 0 {PAD_HEIGHT / 2}"
             rgba="0.95 0.85 0.20 1" contype="0" conaffinity="0"/>
@@ -136,6 +139,7 @@ def build_mjcf(task: str, colors: tuple[str, ...], cameras: tuple[str, ...], obs
   <sensor>
     <force name="wrist_force" site="wrist_ft"/>
     <touch name="suction_touch" site="suction_zone"/>
+    <touch name="obstacle_touch" site="obstacle_zone"/>
   </sensor>
 </mujoco>
 """

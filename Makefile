@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test` (see README).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: demo test bench install clean
+
+$(STAMP): pyproject.toml constraints.txt scripts/system_deps.sh
+	@bash scripts/system_deps.sh
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "installing dmrl into $(VENV) (torch pinned by constraints.txt)"
+	@$(PY) -m pip install -q --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+	@$(PY) -m pip install -q -c constraints.txt -e ".[dev]" 2>&1 | grep -v '^WARNING: Location' ; \
+	  test $${PIPESTATUS[0]} -eq 0
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dmrl demo --out outputs/demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/env_speed.py
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache

@@ -1,0 +1,55 @@
+"""Shared helpers for benchmark scripts: machine description and result writing (JSON + markdown)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import mujoco
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpu": cpu,
+        "cores_available": len(os.sched_getaffinity(0)),
+        "python": sys.version.split()[0],
+        "mujoco": mujoco.__version__,
+        "mujoco_gl": os.environ.get("MUJOCO_GL"),
+        "platform": platform.platform(),
+        "git_commit": commit,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def write_results(name: str, rows: list[dict], meta: dict, columns: list[str]) -> None:
+    """Print a table and write benchmarks/results/<name>.json and .md."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    header = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+    body = "".join("| " + " | ".join(_fmt(r.get(c, "")) for c in columns) + " |\n" for r in rows)
+    table = header + body
+    print(table)
+    (RESULTS / f"{name}.json").write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    md = f"# {name}\n\n{table}\n" + "".join(f"- {k}: {v}\n" for k, v in meta.items())
+    (RESULTS / f"{name}.md").write_text(md)
+    print(f"wrote {RESULTS / name}.json and .md")
+
+
+def _fmt(v) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
