@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
-from synthetic_episodes import create_store, make_episode
 
-from dmrl.data import EpisodeStore
+# Make synthetic_episodes importable whatever pytest's import mode (prepend does this already, importlib not).
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
+
+from synthetic_episodes import create_store, make_episode  # noqa: E402
+
+from dmrl.data import EpisodeStore  # noqa: E402
 
 
 @pytest.fixture

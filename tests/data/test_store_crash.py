@@ -100,9 +100,7 @@ while True:
 
 def test_sigkill_mid_collection_keeps_committed_episodes(store_path):
     code = textwrap.dedent(CHILD.format(tests=str(Path(__file__).parent), path=str(store_path)))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         seen = 0
         while seen < 4:
