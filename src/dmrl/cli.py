@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +92,39 @@ def _run_demo(cfg: DemoConfig) -> None:
         print(f"{task}: {json.dumps(s, default=str)}\n  routes: {plot}")
 
 
+def _parse(command, argv: list[str] | None):
+    """tyro parsing, with its boxed multi-line errors turned into the one line every dmrl error is."""
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buf):
+            return tyro.cli(command, args=argv, prog="dmrl")
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        print(f"dmrl: error: {_first_message(buf.getvalue())}", file=sys.stderr)
+        return None
+
+
+def _first_message(text: str) -> str:
+    """The first paragraph of a tyro error box as one line (box drawing and colour codes removed)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    words: list[str] = []
+    for line in text.splitlines():
+        line = line.strip(" │|╭╮╰╯─-")
+        titles = ("Value error", "Parsing error", "Unrecognized options", "Required options")
+        if not line or line in titles or line.startswith(("usage:", "Usage:")):
+            if words:
+                break
+            continue
+        if set(line) <= set("─━-"):
+            if words:
+                break
+            continue
+        words.append(line)
+    msg = " ".join(words) or "invalid arguments"
+    return f"{msg} (see dmrl --help)"
+
+
 def main(argv: list[str] | None = None) -> int:
     from dmrl.envs.collect import CollectConfig
 
@@ -98,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         | Annotated[DemoConfig, tyro.conf.subcommand("demo")]
     )
     try:
-        cfg = tyro.cli(command, args=argv, prog="dmrl")
+        cfg = _parse(command, argv)
+        if cfg is None:
+            return 2
         runner = {CollectConfig: _run_collect, InfoConfig: _run_info, DemoConfig: _run_demo}[type(cfg)]
         runner(cfg)
     except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
