@@ -109,6 +109,7 @@ def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Epis
         route=info["route"],
         success=bool(info["is_success"]),
         seed=int(seed),
+        info={"collision": float(info["collision"])},
     )
 
 

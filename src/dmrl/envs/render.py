@@ -14,6 +14,10 @@ from dmrl import _gl
 
 DEPTH_MAX = 2.0  # m; background (no geometry within the far plane) reads as this
 
+# Making a GL context current costs ~1.5 ms with EGL here, more than drawing a 64x64 frame, so it is done
+# only when another renderer's context was current (several envs can live in one process).
+_current_context: list[object | None] = [None]
+
 
 class MultiCameraRenderer:
     """Renders the named cameras into channel-stacked arrays: rgb uint8 (3V,H,W), depth float32 (V,H,W)."""
@@ -23,7 +27,7 @@ class MultiCameraRenderer:
         self.size = size
         try:
             self._gl = mujoco.GLContext(size, size)
-            self._gl.make_current()
+            self._make_current()
             self._ctx = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_50)
         except Exception as e:  # the GL backend fails in many library-specific ways; one clear line instead
             raise RuntimeError(f"{_gl.render_hint()} ({type(e).__name__}: {e})") from None
@@ -44,7 +48,7 @@ class MultiCameraRenderer:
 
     def render(self, data: mujoco.MjData, rgb: bool, depth: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
         """Returns (rgb (3V,H,W) uint8 or None, depth (V,H,W) float32 metres or None)."""
-        self._gl.make_current()
+        self._make_current()
         rgbs, depths = [], []
         for cam in self._cam_ids:
             self._cam.fixedcamid = cam
@@ -64,6 +68,11 @@ class MultiCameraRenderer:
         out_depth = np.ascontiguousarray(np.concatenate(depths, 0)) if depth else None
         return out_rgb, out_depth
 
+    def _make_current(self) -> None:
+        if _current_context[0] is not self._gl:
+            self._gl.make_current()
+            _current_context[0] = self._gl
+
     def _linear_depth(self, z_buffer: np.ndarray) -> np.ndarray:
         # Invert OpenGL's perspective depth mapping to distance along the view axis in metres.
         near, far = self._near, self._far
@@ -72,6 +81,8 @@ class MultiCameraRenderer:
 
     def close(self) -> None:
         if self._gl is not None:
+            self._make_current()
             self._ctx.free()
             self._gl.free()
+            _current_context[0] = None
             self._gl = None

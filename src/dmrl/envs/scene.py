@@ -44,8 +44,8 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 _CAMERAS = {
-    # name: (pos, xyaxes) -- "front" looks over the robot's shoulder at the whole table.
-    "front": ("0.75 0.95 1.0", "-0.5771 0.8167 0 -0.5872 -0.4149 0.6951"),  # high, from the far right corner
+    # name: (pos, xyaxes); "front" sees every cup, the obstacle, the pad and the tool without occlusion.
+    "front": ("0.8 0.25 0.9", "0.2426 0.9701 0 -0.6962 0.1741 0.6963"),  # high, from the right side
     "top": ("0 0.48 1.25", "1 0 0 0 1 0"),
     "side": ("1.0 0.48 0.55", "0 1 0 -0.45 0 0.89"),
 }
@@ -69,7 +69,7 @@ def build_mjcf(task: str, colors: tuple[str, ...], cameras: tuple[str, ...], obs
   <compiler angle="radian" autolimits="true"/>
   <option timestep="0.01" integrator="implicitfast" cone="elliptic"/>
   <visual>
-    <quality shadowsize="0" numslices="12" numstacks="6" numquads="1"/>
+    <quality shadowsize="0" numslices="10" numstacks="4" numquads="1"/>
     <global offwidth="256" offheight="256"/>
     <headlight ambient="0.45 0.45 0.45" diffuse="0.5 0.5 0.5" specular="0 0 0"/>
   </visual>

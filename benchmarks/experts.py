@@ -1,0 +1,118 @@
+"""Scripted experts: success and route share over many seeds, and the failure of the averaged plan.
+
+Run: ``python benchmarks/experts.py``. Success rates carry 95% Wilson intervals and episode counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from _common import machine, write_results
+from dmrl.envs import make_env
+from dmrl.envs.collect import record_episode
+from dmrl.envs.experts import ExpertConfig, ScriptedExpert, run_expert_episode
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def averaged_plan_outcomes(env_id: str, seeds: range) -> tuple[int, int]:
+    """(failures, collisions) of open-loop execution of the step-wise mean of a left and a right plan."""
+    env = make_env(env_id, obs_modes=("state",))
+    fails = collisions = 0
+    for seed in seeds:
+        plans = [
+            run_expert_episode(env, ScriptedExpert(env, ExpertConfig(route=r)), seed)[0] for r in ("left", "right")
+        ]
+        t = max(map(len, plans))
+        plans = [np.concatenate([p, np.repeat(p[-1:], t - len(p), 0)]) for p in plans]
+        mean_plan = (plans[0] + plans[1]) / 2
+        env.reset(seed=seed)
+        for step in range(env.cfg.max_steps):
+            *_, term, trunc, info = env.step(mean_plan[min(step, t - 1)])
+            if term or trunc:
+                break
+        fails += not info["is_success"]
+        collisions += info["collision"]
+    return fails, collisions
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--episodes", type=int, default=500)
+    ap.add_argument("--average-seeds", type=int, default=100)
+    args = ap.parse_args()
+    rows = []
+    for env_id in ("dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"):
+        env = make_env(env_id, obs_modes=("state",))
+        for label, cfg in (
+            ("expert", ExpertConfig()),
+            ("noisy (std 0.2)", ExpertConfig(noise_std=0.2)),
+            ("suboptimal", ExpertConfig(suboptimal=True)),
+        ):
+            eps = [record_episode(env, ScriptedExpert(env, cfg), s) for s in range(args.episodes)]
+            k = sum(e.success for e in eps)
+            lo, hi = wilson(k, len(eps))
+            rows.append(
+                {
+                    "env": env_id,
+                    "policy": label,
+                    "episodes": len(eps),
+                    "success_rate": k / len(eps),
+                    "ci_low": lo,
+                    "ci_high": hi,
+                    "route_left": np.mean([e.route == "left" for e in eps]),
+                    "route_right": np.mean([e.route == "right" for e in eps]),
+                    "collision_rate": float(np.mean([e.info["collision"] for e in eps])),
+                    "mean_length": float(np.mean([e.length for e in eps])),
+                }
+            )
+        fails, cols = averaged_plan_outcomes(env_id, range(args.average_seeds))
+        n = args.average_seeds
+        lo, hi = wilson(n - fails, n)
+        rows.append(
+            {
+                "env": env_id,
+                "policy": "mean of left+right plans (open loop)",
+                "episodes": n,
+                "success_rate": (n - fails) / n,
+                "ci_low": lo,
+                "ci_high": hi,
+                "route_left": "",
+                "route_right": "",
+                "collision_rate": cols / n,
+                "mean_length": "",
+            }
+        )
+    meta = {
+        **machine(),
+        "command": f"python benchmarks/experts.py --episodes {args.episodes} --average-seeds {args.average_seeds}",
+        "seeds": "0..N-1 per row",
+    }
+    write_results(
+        "experts",
+        rows,
+        meta,
+        [
+            "env",
+            "policy",
+            "episodes",
+            "success_rate",
+            "ci_low",
+            "ci_high",
+            "route_left",
+            "route_right",
+            "collision_rate",
+            "mean_length",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
