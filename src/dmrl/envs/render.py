@@ -7,6 +7,9 @@ instead of drawing the scene twice as ``mujoco.Renderer`` does for depth.
 
 from __future__ import annotations
 
+import atexit
+import weakref
+
 import mujoco
 import numpy as np
 
@@ -14,9 +17,14 @@ from dmrl import _gl
 
 DEPTH_MAX = 2.0  # m; background (no geometry within the far plane) reads as this
 
-# Making a GL context current costs ~1.5 ms with EGL here, more than drawing a 64x64 frame, so it is done
-# only when another renderer's context was current (several envs can live in one process).
-_current_context: list[object | None] = [None]
+_LIVE: weakref.WeakSet[MultiCameraRenderer] = weakref.WeakSet()
+
+
+def _close_all() -> None:
+    # Registered after MuJoCo's own atexit eglTerminate, so it runs first: contexts are freed while the
+    # display is still valid, instead of failing noisily in __del__ at interpreter exit (mujoco 3.x).
+    for renderer in list(_LIVE):
+        renderer.close()
 
 
 class MultiCameraRenderer:
@@ -32,6 +40,9 @@ class MultiCameraRenderer:
         except Exception as e:  # the GL backend fails in many library-specific ways; one clear line instead
             raise RuntimeError(f"{_gl.render_hint()} ({type(e).__name__}: {e})") from None
         mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, self._ctx)
+        if not _LIVE:
+            atexit.register(_close_all)
+        _LIVE.add(self)
         self._scene = mujoco.MjvScene(model, maxgeom=200)
         self._opt = mujoco.MjvOption()
         self._pert = mujoco.MjvPerturb()
@@ -69,9 +80,9 @@ class MultiCameraRenderer:
         return out_rgb, out_depth
 
     def _make_current(self) -> None:
-        if _current_context[0] is not self._gl:
-            self._gl.make_current()
-            _current_context[0] = self._gl
+        # Every call: several renderers can share a thread, and freeing any GL context (mujoco<4 calls
+        # eglReleaseThread) drops whichever context was current. It costs microseconds.
+        self._gl.make_current()
 
     def _linear_depth(self, z_buffer: np.ndarray) -> np.ndarray:
         # Invert OpenGL's perspective depth mapping to distance along the view axis in metres.
@@ -84,5 +95,4 @@ class MultiCameraRenderer:
             self._make_current()
             self._ctx.free()
             self._gl.free()
-            _current_context[0] = None
             self._gl = None
