@@ -359,6 +359,7 @@ class MultiPathEnv(gym.Env):
 
     def _info(self, success: bool) -> dict:
         return {
+            "tip": self.data.site_xpos[self._tip_site].copy(),
             "is_success": bool(success),
             "collision": bool(self.collided),
             "route": self.route,
