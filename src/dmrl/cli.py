@@ -1,4 +1,8 @@
-"""Command line: ``dmrl collect | info | demo`` (tyro subcommands over typed dataclass configs)."""
+"""Command line: ``dmrl collect | info | demo | train | eval | compare`` over typed dataclass configs (tyro).
+
+Every command accepts ``--config PRESET.yaml`` (a YAML of config overrides, see configs/) before its flags;
+flags override the preset. Bad input of any kind is reported as one line on stderr with exit status 2.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,6 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 
 import tyro
 
@@ -20,20 +23,6 @@ class InfoConfig:
 
     path: tyro.conf.Positional[Path]
     """The episode store to describe."""
-
-
-@dataclass
-class DemoConfig:
-    """``dmrl demo``: collect a small expert dataset and draw the scene and the expert routes."""
-
-    out: Path = Path("outputs/demo")
-    """Directory for the dataset (expert.zarr) and the pictures (scene.png, routes.png)."""
-    episodes: int = 40
-    """Expert episodes to collect on each task."""
-    workers: int = 2
-    """Collector processes."""
-    overwrite: bool = True
-    """Replace the demo's previous dataset (only inside --out)."""
 
 
 def _run_info(cfg: InfoConfig) -> None:
@@ -51,61 +40,61 @@ def _run_collect(cfg) -> None:
     print(json.dumps(store.summary(), default=str))
 
 
-def _run_demo(cfg: DemoConfig) -> None:
-    import numpy as np
+def _run_train(cfg) -> None:
+    from dmrl.train.offline import train_bc
 
-    from dmrl.envs import make_env
-    from dmrl.envs.collect import CollectConfig, collect
-    from dmrl.envs.plotting import save_path_plot, save_scene_figure
-
-    frames = {}
-    for env_id, task in (("dmrl/MultiPathGrasp-v0", "grasp"), ("dmrl/MultiPathReach-v0", "reach")):
-        env = make_env(env_id, obs_modes=("rgb", "depth"), image_size=128, cameras=("front", "top"))
-        obs, _ = env.reset(seed=0)
-        frames[f"{task}: front rgb"] = np.moveaxis(obs["rgb"][:3], 0, -1)
-        frames[f"{task}: top rgb"] = np.moveaxis(obs["rgb"][3:], 0, -1)
-        depth = obs["depth"][0]
-        frames[f"{task}: front depth (m)"] = (
-            np.stack([1 - (depth - depth.min()) / np.ptp(depth)] * 3, -1) * 255
-        ).astype(np.uint8)
-        env.close()
-    print(f"scene: {save_scene_figure(frames, cfg.out / 'scene.png')}")
-    for env_id, task in (("dmrl/MultiPathGrasp-v0", "grasp"), ("dmrl/MultiPathReach-v0", "reach")):
-        ccfg = CollectConfig(
-            out=cfg.out / f"expert_{task}.zarr",
-            env=env_id,
-            episodes=cfg.episodes,
-            obs_modes=("state", "joints", "force", "instruction"),
-            workers=cfg.workers,
-            overwrite=cfg.overwrite,
-        )
-        store = collect(ccfg)
-        s = store.summary()
-        paths = [store.episode(i).obs["state"][:, :2] for i in range(store.n_episodes)]
-        plot = save_path_plot(
-            paths,
-            store.routes(),
-            task,
-            cfg.out / f"routes_{task}.png",
-            title=f"{env_id}: {store.n_episodes} expert episodes",
-        )
-        print(f"{task}: {json.dumps(s, default=str)}\n  routes: {plot}")
+    summary = train_bc(cfg)
+    print(json.dumps(summary, indent=2, default=str))
+    print(f"checkpoint: {cfg.out / 'checkpoint'}")
 
 
-def _parse(command, argv: list[str] | None):
+def _commands() -> dict[str, tuple[type, object, str]]:
+    from dmrl.config import TrainConfig
+    from dmrl.envs.collect import CollectConfig
+    from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
+    from dmrl.train.evaluate_cli import EvalConfig, run_eval
+
+    return {
+        "collect": (CollectConfig, _run_collect, "roll out the scripted expert into an episode store"),
+        "info": (InfoConfig, _run_info, "summarise an episode store"),
+        "train": (TrainConfig, _run_train, "behaviour cloning of a diffusion / gaussian / vae policy"),
+        "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
+        "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
+        "demo": (DemoConfig, run_demo, "the main job on its embedded default (make demo)"),
+    }
+
+
+def _usage(commands: dict) -> str:
+    lines = ["usage: dmrl COMMAND [--config PRESET.yaml] [flags]   (dmrl COMMAND --help for flags)", ""]
+    lines += [f"  {name:<8} {desc}" for name, (_, _, desc) in commands.items()]
+    return "\n".join(lines)
+
+
+def _split_preset(argv: list[str]) -> tuple[Path | None, list[str]]:
+    for i, a in enumerate(argv):
+        if a == "--config":
+            if i + 1 >= len(argv):
+                raise ValueError("--config needs a path to a YAML preset (see configs/)")
+            return Path(argv[i + 1]), argv[:i] + argv[i + 2 :]
+        if a.startswith("--config="):
+            return Path(a.split("=", 1)[1]), argv[:i] + argv[i + 1 :]
+    return None, argv
+
+
+def _parse(cls: type, argv: list[str], prog: str, default=None):
     """tyro parsing, with its boxed multi-line errors turned into the one line every dmrl error is."""
     buf = io.StringIO()
     try:
         with contextlib.redirect_stderr(buf):
-            return tyro.cli(command, args=argv, prog="dmrl")
+            return tyro.cli(cls, args=argv, prog=prog, default=default)
     except SystemExit as e:
         if e.code in (0, None):
             raise
-        print(f"dmrl: error: {_first_message(buf.getvalue())}", file=sys.stderr)
+        print(f"dmrl: error: {_first_message(buf.getvalue(), prog)}", file=sys.stderr)
         return None
 
 
-def _first_message(text: str) -> str:
+def _first_message(text: str, prog: str) -> str:
     """The first paragraph of a tyro error box as one line (box drawing and colour codes removed)."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     words: list[str] = []
@@ -122,29 +111,39 @@ def _first_message(text: str) -> str:
             continue
         words.append(line)
     msg = " ".join(words) or "invalid arguments"
-    return f"{msg} (see dmrl --help)"
+    return f"{msg} (see {prog} --help)"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from dmrl.envs.collect import CollectConfig
-
-    command = (
-        Annotated[CollectConfig, tyro.conf.subcommand("collect")]
-        | Annotated[InfoConfig, tyro.conf.subcommand("info")]
-        | Annotated[DemoConfig, tyro.conf.subcommand("demo")]
-    )
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        cfg = _parse(command, argv)
+        commands = _commands()
+        if not argv or argv[0] in ("-h", "--help"):
+            print(_usage(commands))
+            return 0 if argv else 2
+        name, rest = argv[0], argv[1:]
+        if name not in commands:
+            raise ValueError(f"unknown command {name!r}; commands: {', '.join(commands)}")
+        cls, runner, _ = commands[name]
+        preset, rest = _split_preset(rest)
+        default = None
+        if preset is not None:
+            from dmrl.config import load_yaml, merge
+
+            if name not in ("train", "compare", "demo"):
+                raise ValueError(f"--config presets are for train, compare and demo, not {name}")
+            default = merge(cls(), load_yaml(preset))
+        cfg = _parse(cls, rest, f"dmrl {name}", default)
         if cfg is None:
             return 2
-        runner = {CollectConfig: _run_collect, InfoConfig: _run_info, DemoConfig: _run_demo}[type(cfg)]
         runner(cfg)
-    except (ValueError, FileNotFoundError, FileExistsError, RuntimeError) as e:
+    except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         # Bad input is reported in one line; nothing written before has been touched.
-        print(f"dmrl: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+        print(f"dmrl: error: {msg.splitlines()[0] if msg else type(e).__name__}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("dmrl: interrupted; every episode completed so far is committed", file=sys.stderr)
+        print("dmrl: interrupted; everything completed so far (episodes, checkpoints) is kept", file=sys.stderr)
         return 130
     return 0
 

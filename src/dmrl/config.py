@@ -1,0 +1,168 @@
+"""Typed experiment configuration: dataclasses, YAML presets and strict dict conversion (no eval, no _target_)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+def to_dict(cfg: Any) -> Any:
+    """Dataclass -> JSON-able nested dict (Paths and tuples become str and lists)."""
+    if dataclasses.is_dataclass(cfg):
+        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    if isinstance(cfg, Path):
+        return str(cfg)
+    if isinstance(cfg, tuple | list):
+        return [to_dict(v) for v in cfg]
+    if isinstance(cfg, dict):
+        return {k: to_dict(v) for k, v in cfg.items()}
+    return cfg
+
+
+def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
+    """Build dataclass ``cls`` from a nested dict; unknown keys are a one-line error naming the dotted key."""
+    if not isinstance(data, dict):
+        raise ValueError(f"config {where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ValueError(f"config key {key!r} unknown; allowed here: {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, value in data.items():
+        kwargs[name] = _convert(hints[name], value, f"{where}.{name}" if where else name)
+    return cls(**kwargs)
+
+
+def merge(cfg: T, overrides: dict[str, Any], where: str = "") -> T:
+    """A copy of dataclass ``cfg`` with nested ``overrides`` applied (same strictness as :func:`from_dict`)."""
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
+    hints = typing.get_type_hints(type(cfg))
+    for name, value in overrides.items():
+        key = f"{where}.{name}" if where else name
+        if name not in base:
+            raise ValueError(f"config key {key!r} unknown; allowed here: {', '.join(sorted(base))}")
+        if dataclasses.is_dataclass(base[name]) and isinstance(value, dict):
+            base[name] = merge(base[name], value, key)
+        else:
+            base[name] = _convert(hints[name], value, key)
+    return type(cfg)(**base)
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    """A YAML preset as a dict; a missing or malformed file is a one-line error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config preset {path} not found (presets live in configs/)")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"config preset {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config preset {path}: top level must be a mapping of config keys")
+    return data
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if dataclasses.is_dataclass(hint):
+        return value if dataclasses.is_dataclass(value) else from_dict(hint, value, where)
+    if hint is Path:
+        return Path(value)
+    if origin is tuple and isinstance(value, list | tuple):
+        return tuple(value)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or len(args) != 1:
+            return value
+        return _convert(args[0], value, where)
+    if hint is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not isinstance(value, hint):
+        raise ValueError(f"config key {where!r}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Experiment configs (composed of the component dataclasses; every field documented, checked in __post_init__)
+# --------------------------------------------------------------------------------------------------------------
+from dmrl.policies import POLICIES, ChunkConfig  # noqa: E402
+from dmrl.policies.diffusion import DiffusionPolicyConfig  # noqa: E402
+from dmrl.policies.gaussian import GaussianPolicyConfig  # noqa: E402
+from dmrl.policies.vae import VAEPolicyConfig  # noqa: E402
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to 0; gradient-norm clipping."""
+
+    lr: float = 1e-3
+    weight_decay: float = 1e-6
+    warmup_steps: int = 200
+    grad_clip: float = 1.0
+    """Max global gradient norm (0 disables)."""
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0 and self.weight_decay >= 0 and self.warmup_steps >= 0 and self.grad_clip >= 0):
+            raise ValueError(f"optim: need lr > 0, weight_decay >= 0, warmup_steps >= 0, grad_clip >= 0; got {self}")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """``dmrl train``: behaviour cloning of a chunk policy from an episode store."""
+
+    dataset: Path = Path("data/grasp_expert.zarr")
+    """Episode store written by ``dmrl collect``."""
+    out: Path = Path("runs/bc")
+    """Run directory: config.json, metrics.jsonl, tb/ (TensorBoard), checkpoint/ (EMA policy)."""
+    policy: str = "diffusion"
+    """Policy to train: diffusion, gaussian or vae."""
+    chunk: ChunkConfig = dataclasses.field(default_factory=ChunkConfig)
+    diffusion: DiffusionPolicyConfig = dataclasses.field(default_factory=DiffusionPolicyConfig)
+    gaussian: GaussianPolicyConfig = dataclasses.field(default_factory=GaussianPolicyConfig)
+    vae: VAEPolicyConfig = dataclasses.field(default_factory=VAEPolicyConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    steps: int = 5000
+    """Gradient steps."""
+    batch_size: int = 256
+    ema_decay: float = 0.995
+    """EMA of the weights used for evaluation and saved as the policy (warmed up as min(decay, (1+k)/(10+k)))."""
+    val_fraction: float = 0.05
+    """Fraction of episodes held out for the validation loss."""
+    val_every: int = 1000
+    seed: int = 0
+    device: str = "cpu"
+    """cpu, cuda[:i] or auto (the training-engine issue adds npu, precision and DDP)."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    cpu_threads: int = 1
+    """torch intra-op threads on CPU (1 avoids OpenMP spin-waiting next to env workers; see train/engine.py)."""
+    eval_episodes: int = 0
+    """Closed-loop evaluation episodes after training (0: none); seeds eval_seed, eval_seed + 1, ..."""
+    eval_seed: int = 100_000
+    """First evaluation seed (far from the dataset's collection seeds)."""
+    eval_envs: int = 8
+    overwrite: bool = False
+    """Replace an existing run directory."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy: got {self.policy!r}; allowed: {', '.join(POLICIES)}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"--ema-decay: got {self.ema_decay}; allowed [0, 1)")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"--val-fraction: got {self.val_fraction}; allowed [0, 1)")
+
+    @property
+    def policy_config(self) -> Any:
+        return getattr(self, self.policy)

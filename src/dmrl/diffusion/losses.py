@@ -1,0 +1,138 @@
+"""Denoising training loss of DDPM (Ho et al. 2020) for ε / x0 / v targets, and the seed's hybrid ε + x0 loss.
+
+The seed write-up: ε-prediction trains smoothly but occasionally emits over-large actions; x0-prediction converges
+faster early but later collapses modes. Its fix, reproduced here, predicts both (two heads, see prediction.py) and
+trains loss = w_eps · MSE(ε head, ε) + w_x0 · MSE(x0 head, x0), with w_x0 large early and small late
+(`HybridWeights`, w_eps = 1 - w_x0).
+
+Padded action steps (episode ends shorter than Tp) are excluded by a (B, Tp) bool mask, True = real step, so
+every batch keeps a static shape and the loss is still an exact mean over the real elements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dmrl.diffusion.prediction import check_pred_type, prediction_target, split_prediction
+from dmrl.diffusion.schedule import NoiseSchedule, q_sample
+
+HYBRID_WEIGHT_KINDS = ("linear", "cosine", "step")
+
+
+@dataclass(frozen=True)
+class HybridWeights:
+    """Training-progress schedule of the hybrid loss weights: w_x0(p) from `x0_start` (p=0) to `x0_end` (p=1).
+
+    linear  straight line between the two.
+    cosine  half cosine: flat near both ends, fastest change mid-training.
+    step    x0_start before `switch_at`, x0_end from it on.
+    w_eps(p) = 1 - w_x0(p). `weights(p)` returns (w_eps, w_x0), the order of the hybrid heads and of
+    `diffusion_loss(hybrid_weights=...)`.
+    """
+
+    kind: str = "linear"
+    #: Weight of the x0 loss at the start of training (the seed: larger early).
+    x0_start: float = 0.9
+    #: Weight of the x0 loss at the end of training (the seed: smaller late, ε dominates).
+    x0_end: float = 0.1
+    #: Progress at which the "step" kind switches from x0_start to x0_end.
+    switch_at: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.kind not in HYBRID_WEIGHT_KINDS:
+            raise ValueError(f"HybridWeights kind: got {self.kind!r}; allowed: {', '.join(HYBRID_WEIGHT_KINDS)}")
+        for name in ("x0_start", "x0_end", "switch_at"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"HybridWeights {name}: got {v}; must be in [0, 1]")
+
+    def w_x0(self, progress: float) -> float:
+        """x0-loss weight at training progress in [0, 1] (values outside are clamped: a last step may overrun)."""
+        if math.isnan(progress):
+            raise ValueError("HybridWeights progress: got nan; must be a number in [0, 1]")
+        p = min(max(float(progress), 0.0), 1.0)
+        a, b = self.x0_start, self.x0_end
+        if self.kind == "linear":
+            return a + (b - a) * p
+        if self.kind == "cosine":
+            return b + (a - b) * 0.5 * (1.0 + math.cos(math.pi * p))
+        return a if p < self.switch_at else b
+
+    def w_eps(self, progress: float) -> float:
+        """ε-loss weight, 1 - w_x0(progress)."""
+        return 1.0 - self.w_x0(progress)
+
+    def weights(self, progress: float) -> tuple[float, float]:
+        """(w_eps, w_x0) at `progress`, ready for `diffusion_loss(..., hybrid_weights=...)`."""
+        w = self.w_x0(progress)
+        return 1.0 - w, w
+
+
+def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
+    """Mean squared error over real elements: pred/target (B, Tp, C), mask (B, Tp) bool or None -> scalar."""
+    sq = (pred - target).square()
+    if mask is None:
+        return sq.mean()
+    if mask.shape != sq.shape[:2]:
+        raise ValueError(f"action mask: got shape {tuple(mask.shape)}; must be (B, Tp) = {tuple(sq.shape[:2])}")
+    m = mask.to(sq.dtype).unsqueeze(-1)
+    # Normalise by the real element count (not B·Tp·C) so padding does not shrink the loss; clamp for all-pad batches.
+    return (sq * m).sum() / (m.sum() * sq.shape[-1]).clamp(min=1.0)
+
+
+def diffusion_loss(
+    pred_type: str,
+    model_out: Tensor,
+    x0: Tensor,
+    noise: Tensor,
+    x_t: Tensor,
+    t: Tensor,
+    schedule: NoiseSchedule,
+    mask: Tensor | None = None,
+    hybrid_weights: tuple[float, float] | None = None,
+) -> dict[str, Tensor]:
+    """Denoising loss of `model_out` (B, Tp, Da), or (B, Tp, 2·Da) for "hybrid", at x_t = q_sample(x0, t, noise).
+
+    x0, noise, x_t (B, Tp, Da); t (B,) long; mask (B, Tp) bool, True = real action step (None: all real).
+    Targets: epsilon -> noise, sample -> x0, v -> sqrt(ᾱ_t) noise - sqrt(1 - ᾱ_t) x0, hybrid -> both heads with
+    `hybrid_weights` = (w_eps, w_x0) (None: 0.5 each).
+    Returns {"loss": scalar with grad, "x0_mse": detached MSE of the implied x0_hat, a diagnostic comparable
+    across prediction types}; "hybrid" adds the unweighted head losses "loss_eps" and "loss_x0" (with grad).
+    """
+    check_pred_type(pred_type)
+    out: dict[str, Tensor] = {}
+    if pred_type == "hybrid":
+        if hybrid_weights is None:
+            hybrid_weights = (0.5, 0.5)
+        w_eps, w_x0 = hybrid_weights
+        da = x0.shape[-1]
+        out["loss_eps"] = masked_mse(model_out[..., :da], noise, mask)
+        out["loss_x0"] = masked_mse(model_out[..., da:], x0, mask)
+        out["loss"] = w_eps * out["loss_eps"] + w_x0 * out["loss_x0"]
+    else:
+        if hybrid_weights is not None:
+            raise ValueError(f"hybrid_weights: got {hybrid_weights}; only allowed with pred_type 'hybrid'")
+        out["loss"] = masked_mse(model_out, prediction_target(pred_type, x0, noise, t, schedule), mask)
+    with torch.no_grad():
+        x0_hat, _ = split_prediction(pred_type, model_out, x_t, t, schedule)
+        out["x0_mse"] = masked_mse(x0_hat, x0, mask)
+    return out
+
+
+def sample_training_inputs(
+    schedule: NoiseSchedule, x0: Tensor, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Draw t ~ U{0..T-1} (B,) long and noise ~ N(0, I) like x0, and noise x0 (B, Tp, Da) into x_t.
+
+    Returns (t, noise, x_t). Draws happen on the generator's device (then move to x0's), so one CPU generator
+    gives the same batch on every device. The schedule must be on x0's device.
+    """
+    gen_device = generator.device if generator is not None else x0.device
+    t = torch.randint(0, schedule.num_train_steps, (x0.shape[0],), generator=generator, device=gen_device)
+    noise = torch.randn(x0.shape, generator=generator, device=gen_device, dtype=x0.dtype)
+    t, noise = t.to(x0.device), noise.to(x0.device)
+    return t, noise, q_sample(schedule, x0, t, noise)

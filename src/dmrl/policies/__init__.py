@@ -1,0 +1,35 @@
+"""Policies: observation dict -> action chunk. One interface: ``loss(batch)``, ``act(obs)``, ``reset()``."""
+
+from dmrl.policies.base import ChunkConfig, ChunkPolicy, NormalizerModule
+from dmrl.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
+from dmrl.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
+from dmrl.policies.vae import VAEPolicy, VAEPolicyConfig
+
+#: name -> (policy class, its config dataclass); a plain dict, no class lookup by string rewriting.
+POLICIES: dict[str, tuple[type[ChunkPolicy], type]] = {
+    "diffusion": (DiffusionPolicy, DiffusionPolicyConfig),
+    "gaussian": (GaussianPolicy, GaussianPolicyConfig),
+    "vae": (VAEPolicy, VAEPolicyConfig),
+}
+
+
+def build_policy(name: str, chunk: ChunkConfig, config, obs_dims: dict[str, int], action_dim: int, normalizer=None):
+    """POLICIES[name] built from its config; an unknown name is a one-line error."""
+    if name not in POLICIES:
+        raise ValueError(f"policy: got {name!r}; allowed: {', '.join(POLICIES)}")
+    return POLICIES[name][0](chunk, config, obs_dims, action_dim, normalizer)
+
+
+__all__ = [
+    "POLICIES",
+    "ChunkConfig",
+    "ChunkPolicy",
+    "DiffusionPolicy",
+    "DiffusionPolicyConfig",
+    "GaussianPolicy",
+    "GaussianPolicyConfig",
+    "NormalizerModule",
+    "VAEPolicy",
+    "VAEPolicyConfig",
+    "build_policy",
+]

@@ -1,0 +1,61 @@
+"""Gaussian MLP chunk policy (behaviour cloning by maximum likelihood): the unimodal baseline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dmrl.data import Normalizer
+from dmrl.policies.base import ChunkConfig, ChunkPolicy
+from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+
+
+@dataclass
+class GaussianPolicyConfig:
+    """Diagonal Gaussian over the whole normalised chunk; the mean is executed at evaluation."""
+
+    hidden: int = 512
+    depth: int = 3
+    min_log_std: float = -5.0
+    max_log_std: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.hidden < 8 or self.depth < 1 or self.min_log_std >= self.max_log_std:
+            raise ValueError("gaussian policy: need hidden >= 8, depth >= 1 and min_log_std < max_log_std")
+
+
+class GaussianPolicy(ChunkPolicy):
+    name = "gaussian"
+
+    def __init__(
+        self,
+        chunk: ChunkConfig,
+        config: GaussianPolicyConfig,
+        obs_dims: dict[str, int],
+        action_dim: int,
+        normalizer: Normalizer | None = None,
+    ):
+        self.config = config
+        super().__init__(chunk, obs_dims, action_dim, normalizer)
+        self.flat = chunk.horizon * action_dim
+        self.head = ResidualMLP(self.encoder.out_dim, 2 * self.flat, config.hidden, config.depth)
+
+    def _dist(self, cond: Tensor) -> tuple[Tensor, Tensor]:
+        out = self.head(cond)
+        mean, log_std = out[:, : self.flat], out[:, self.flat :]
+        log_std = log_std.clamp(self.config.min_log_std, self.config.max_log_std)
+        shape = (-1, self.chunk.horizon, self.action_dim)
+        return mean.reshape(shape), log_std.reshape(shape)
+
+    def loss(self, batch: dict) -> dict[str, Tensor]:
+        target = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
+        mean, log_std = self._dist(self.encode(batch["obs"]))
+        nll = 0.5 * ((target - mean) * torch.exp(-log_std)) ** 2 + log_std  # (B, Tp, Da), constant dropped
+        loss = masked_mean(nll.mean(-1), batch.get("action_mask"))
+        mse = masked_mean(((target - mean) ** 2).mean(-1), batch.get("action_mask"))
+        return {"loss": loss, "mse": mse.detach()}
+
+    def _sample_chunk(self, cond: Tensor) -> Tensor:
+        return self._dist(cond)[0]

@@ -1,0 +1,70 @@
+"""Conditional VAE over action chunks (ACT-like, Zhao et al. 2023): q(z|s,a), p(a|s,z), KL weight beta."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dmrl.data import Normalizer
+from dmrl.policies.base import ChunkConfig, ChunkPolicy
+from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+
+TEST_Z = ("sample", "zero")
+
+
+@dataclass
+class VAEPolicyConfig:
+    """Latent-variable chunk policy; at test time z ~ N(0, I) ("sample") or z = 0 ("zero", ACT's choice)."""
+
+    latent_dim: int = 16
+    hidden: int = 512
+    depth: int = 3
+    beta: float = 0.05
+    """Weight of KL(q(z|s,a) || N(0, I)) against the per-dimension squared reconstruction error."""
+    test_z: str = "sample"
+
+    def __post_init__(self) -> None:
+        if self.test_z not in TEST_Z:
+            raise ValueError(f"vae test_z: got {self.test_z!r}; allowed: {', '.join(TEST_Z)}")
+        if self.latent_dim < 1 or self.beta < 0 or self.hidden < 8 or self.depth < 1:
+            raise ValueError("vae policy: need latent_dim >= 1, beta >= 0, hidden >= 8, depth >= 1")
+
+
+class VAEPolicy(ChunkPolicy):
+    name = "vae"
+
+    def __init__(
+        self,
+        chunk: ChunkConfig,
+        config: VAEPolicyConfig,
+        obs_dims: dict[str, int],
+        action_dim: int,
+        normalizer: Normalizer | None = None,
+    ):
+        self.config = config
+        super().__init__(chunk, obs_dims, action_dim, normalizer)
+        d, flat = self.encoder.out_dim, chunk.horizon * action_dim
+        self.flat = flat
+        self.posterior = ResidualMLP(d + flat, 2 * config.latent_dim, config.hidden, config.depth)
+        self.decoder = ResidualMLP(d + config.latent_dim, flat, config.hidden, config.depth)
+
+    def loss(self, batch: dict) -> dict[str, Tensor]:
+        target = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
+        cond = self.encode(batch["obs"])
+        stats = self.posterior(torch.cat([cond, target.flatten(1)], dim=-1))
+        mu, logvar = stats.chunk(2, dim=-1)
+        logvar = logvar.clamp(-10.0, 10.0)
+        z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
+        recon = self.decoder(torch.cat([cond, z], dim=-1)).reshape(target.shape)
+        rec = masked_mean(((recon - target) ** 2).mean(-1), batch.get("action_mask"))
+        kl = 0.5 * (mu**2 + logvar.exp() - 1.0 - logvar).sum(-1).mean()
+        return {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}
+
+    def _sample_chunk(self, cond: Tensor) -> Tensor:
+        z = torch.zeros(cond.shape[0], self.config.latent_dim, device=cond.device)
+        if self.config.test_z == "sample":
+            z = torch.randn_like(z)
+        out = self.decoder(torch.cat([cond, z], dim=-1))
+        return out.reshape(cond.shape[0], self.chunk.horizon, self.action_dim)

@@ -1,0 +1,200 @@
+"""Closed-loop evaluation of a policy on fixed seeds with vectorised envs in worker processes.
+
+Reports what the comparison needs: success with a Wilson interval and the episode count, collisions, the
+route split (did the policy keep both modes?), smoothness, episode length and decision latency.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmrl.envs import make_env
+from dmrl.policies.base import ChunkPolicy
+from dmrl.train.metrics import smoothness, wilson_interval
+
+
+@dataclass
+class EpisodeRecord:
+    seed: int
+    success: bool
+    collision: bool
+    route: str | None
+    length: int
+    jerk: float
+    max_jump: float
+    tip_path: np.ndarray = field(repr=False)  # (T, 3)
+
+
+@dataclass
+class EvalResult:
+    episodes: int
+    success_rate: float
+    ci_low: float
+    ci_high: float
+    collision_rate: float
+    route_left: float
+    route_right: float
+    route_none: float
+    jerk: float
+    max_action_change: float
+    mean_length: float
+    latency_ms: float = float("nan")
+    latency_p95_ms: float = float("nan")
+    records: list[EpisodeRecord] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out.pop("records")
+        return out
+
+
+def _env_fn(env_id: str, env_kwargs: dict):
+    return make_env(env_id, **env_kwargs)
+
+
+def evaluate(
+    policy: ChunkPolicy,
+    env_id: str,
+    seeds: list[int],
+    env_kwargs: dict | None = None,
+    n_envs: int = 8,
+    workers: bool = True,
+    progress=None,
+) -> EvalResult:
+    """Run one episode per seed; ``n_envs`` envs step in lockstep (in spawned processes if ``workers``)."""
+    import gymnasium as gym
+
+    env_kwargs = {"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})}
+    n_envs = max(1, min(n_envs, len(seeds)))
+    fns = [functools.partial(_env_fn, env_id, env_kwargs) for _ in range(n_envs)]
+    mode = gym.vector.AutoresetMode.DISABLED
+    envs = (
+        gym.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode)
+        if workers
+        else gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    )
+    policy.eval()
+    torch.manual_seed(0)  # stochastic samplers draw the same noise for the same seeds
+    pending = list(seeds)
+    current = [pending.pop(0) for _ in range(n_envs)]
+    records: list[EpisodeRecord] = []
+    try:
+        obs, info = envs.reset(seed=current)
+        policy.reset()
+        active = np.ones(n_envs, dtype=bool)
+        actions: list[list[np.ndarray]] = [[] for _ in range(n_envs)]
+        tips: list[list[np.ndarray]] = [[np.asarray(info["tip"][i])] for i in range(n_envs)]
+        while active.any():
+            act = policy.act(obs)
+            act[~active] = 0.0
+            obs, _, term, trunc, info = envs.step(act)
+            done = (term | trunc) & active
+            for i in np.flatnonzero(active):
+                actions[i].append(act[i])
+                tips[i].append(np.asarray(info["tip"][i]))
+            for i in np.flatnonzero(done):
+                jerk, jump = smoothness(np.asarray(actions[i]))
+                records.append(
+                    EpisodeRecord(
+                        seed=current[i],
+                        success=bool(info["is_success"][i]),
+                        collision=bool(info["collision"][i]),
+                        route=info["route"][i],
+                        length=len(actions[i]),
+                        jerk=jerk,
+                        max_jump=jump,
+                        tip_path=np.asarray(tips[i]),
+                    )
+                )
+                if progress is not None:
+                    progress.update(1)
+            if not done.any():
+                continue
+            for i in np.flatnonzero(done):
+                if pending:
+                    current[i] = pending.pop(0)
+                else:
+                    active[i] = False
+            restart = done & active
+            if restart.any():
+                obs, info = envs.reset(seed=list(current), options={"reset_mask": restart})
+                policy.reset(mask=restart)
+                for i in np.flatnonzero(restart):
+                    actions[i], tips[i] = [], [np.asarray(info["tip"][i])]
+    finally:
+        envs.close()
+    records.sort(key=lambda r: r.seed)
+    return summarize(records)
+
+
+def summarize(records: list[EpisodeRecord]) -> EvalResult:
+    n = len(records)
+    k = sum(r.success for r in records)
+    lo, hi = wilson_interval(k, n)
+    routes = [r.route for r in records]
+    return EvalResult(
+        episodes=n,
+        success_rate=k / n,
+        ci_low=lo,
+        ci_high=hi,
+        collision_rate=float(np.mean([r.collision for r in records])),
+        route_left=routes.count("left") / n,
+        route_right=routes.count("right") / n,
+        route_none=routes.count(None) / n,
+        jerk=float(np.mean([r.jerk for r in records])),
+        max_action_change=float(np.max([r.max_jump for r in records])),
+        mean_length=float(np.mean([r.length for r in records])),
+        records=records,
+    )
+
+
+def measure_latency(
+    policy: ChunkPolicy, env_id: str, env_kwargs: dict | None = None, seed: int = 10_000, steps: int = 80
+) -> tuple[float, float]:
+    """(median, p95) milliseconds per ``act`` call at batch 1 in one closed-loop episode (replans included)."""
+    env = make_env(env_id, **{"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})})
+    obs, _ = env.reset(seed=seed)
+    policy.eval()
+    policy.reset()
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        a = policy.act(obs)
+        times.append((time.perf_counter() - t) * 1e3)
+        obs, _, term, trunc, _ = env.step(a)
+        if term or trunc:
+            obs, _ = env.reset(seed=seed + 1)
+            policy.reset()
+    env.close()
+    return float(np.median(times)), float(np.percentile(times, 95))
+
+
+def save_rollout_gif(
+    policy: ChunkPolicy, env_id: str, path: Path, seeds: list[int], env_kwargs: dict | None = None, size: int = 96
+) -> Path:
+    """Render closed-loop episodes (front camera) into one GIF."""
+    import imageio.v2 as imageio
+
+    kw = {"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})}
+    env = make_env(env_id, **{**kw, "image_size": size})
+    frames = []
+    policy.eval()
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        policy.reset()
+        for _ in range(env.cfg.max_steps):
+            frames.append(env.render())
+            obs, _, term, trunc, _ = env.step(policy.act(obs))
+            if term or trunc:
+                frames.extend([env.render()] * 5)
+                break
+    env.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    imageio.mimsave(path, frames, duration=0.1, loop=0)
+    return path

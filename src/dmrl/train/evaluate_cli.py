@@ -1,0 +1,79 @@
+"""``dmrl eval``: evaluate a checkpoint on fixed seeds; writes eval.json, a path plot and a rollout GIF."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dmrl.envs import ENV_IDS
+
+
+@dataclass
+class EvalConfig:
+    """``dmrl eval --checkpoint RUN/checkpoint``."""
+
+    checkpoint: Path
+    """A checkpoint directory (policy.safetensors + config.json), e.g. runs/bc/checkpoint."""
+    episodes: int = 100
+    """Evaluation episodes, one per seed: seed, seed + 1, ..."""
+    seed: int = 100_000
+    """First evaluation seed (collection uses 0, 1, ...: keep them apart)."""
+    envs: int = 4
+    """Environments stepped in lockstep, each in its own process."""
+    env: str | None = None
+    """Environment id; default: the one the policy was trained on."""
+    paraphrases: str = "train"
+    """Instruction paraphrases at reset: train, heldout or all."""
+    inference_steps: int | None = None
+    """Override the diffusion policy's DDIM steps."""
+    out: Path | None = None
+    """Output directory; default: <checkpoint>/../eval."""
+    gif_episodes: int = 2
+    """Episodes rendered into rollouts.gif (0: none)."""
+
+    def __post_init__(self) -> None:
+        if self.episodes < 1 or self.envs < 1:
+            raise ValueError(f"--episodes and --envs must be >= 1, got {self.episodes} and {self.envs}")
+        if self.env is not None and self.env not in ENV_IDS:
+            raise ValueError(f"--env: got {self.env!r}; known environments: {', '.join(ENV_IDS)}")
+
+
+def run_eval(cfg: EvalConfig) -> dict:
+    from dmrl.envs.plotting import save_path_plot
+    from dmrl.train.checkpoint import load_policy
+    from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
+
+    policy, meta = load_policy(cfg.checkpoint)
+    if cfg.inference_steps is not None:
+        if not hasattr(policy, "set_sampler"):
+            raise ValueError(f"--inference-steps applies to diffusion policies; {cfg.checkpoint} is {policy.name}")
+        policy.set_sampler(cfg.inference_steps)
+    env_id = cfg.env or meta.get("env_id", "dmrl/MultiPathGrasp-v0")
+    env_kwargs = {"paraphrases": cfg.paraphrases, **meta.get("env_kwargs", {})}
+    out = cfg.out or Path(cfg.checkpoint).parent / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
+    result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=cfg.envs)
+    result.latency_ms, result.latency_p95_ms = measure_latency(policy, env_id, env_kwargs)
+    summary = {
+        "checkpoint": str(cfg.checkpoint),
+        "env_id": env_id,
+        "policy": policy.name,
+        "seeds": [seeds[0], seeds[-1]],
+        **result.summary(),
+    }
+    (out / "eval.json").write_text(json.dumps(summary, indent=2))
+    task = "grasp" if "Grasp" in env_id else "reach"
+    save_path_plot(
+        [r.tip_path for r in result.records],
+        [r.route for r in result.records],
+        task,
+        out / "paths.png",
+        title=f"{policy.name}: {result.success_rate:.0%} success",
+    )
+    if cfg.gif_episodes > 0:
+        save_rollout_gif(policy, env_id, out / "rollouts.gif", seeds[: cfg.gif_episodes], env_kwargs)
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {out}/eval.json, paths.png" + (", rollouts.gif" if cfg.gif_episodes else ""))
+    return summary
