@@ -21,7 +21,7 @@ def test_check_env_all_modalities(env_id):
     assert obs["depth"].shape == (1, 64, 64) and obs["depth"].dtype == np.float32
     assert obs["depth"].min() > 0.2 and obs["depth"].max() <= DEPTH_MAX
     assert obs["joints"].shape == (6,) and obs["force"].shape == (4,)
-    assert obs["state"].shape == (25,) and isinstance(obs["instruction"], str)
+    assert obs["state"].shape == (31,) and isinstance(obs["instruction"], str)
     assert set(info) >= {"is_success", "collision", "route"}
     assert obs["rgb"].std() > 10, "rendered image is blank"
 

@@ -32,8 +32,9 @@ class ExpertConfig:
     """Hesitate (pauses), detour (random extra waypoints) and fail on purpose now and then."""
     fail_prob: float = 0.25
     """With suboptimal=True: probability that an episode contains a deliberate failure."""
-    gain: float = 1.0
-    """Proportional gain from waypoint error (in units of the max step) to action."""
+    gain: float = 0.6
+    """Proportional gain from waypoint error (in units of the max step) to action; below 1 the expert slows
+    down smoothly near each waypoint instead of stopping dead in one step, which a policy can learn precisely."""
 
     def __post_init__(self) -> None:
         if self.route not in (None, "left", "right"):
@@ -81,9 +82,11 @@ class ScriptedExpert:
         above_cup = np.array([cup[0], cup[1], CARRY_Z])
         place_z = scene.PAD_HEIGHT + 2 * scene.CUP_HALF_HEIGHT + 0.012
         above_pad = np.array([s.pad[0], s.pad[1], CARRY_Z])
-        # (waypoint, suction, tolerance class: 0 = pass-through, 1 = precise)
-        plan = [(above_cup, False, 1), (np.array([cup[0], cup[1], top_z + HOVER]), False, 1)]
-        plan += [(plan[-1][0], True, 2), (above_cup, True, 0)]
+        # (waypoint, suction, tolerance class: 0 = pass-through, 1 = precise, 2 = dwell one step)
+        # Suction goes on for the last few cm of the descent, so the grab happens on the way down and does
+        # not hinge on one exact step; it goes off once the cup is just above the pad, and the cup settles.
+        plan = [(above_cup, False, 1), (np.array([cup[0], cup[1], top_z + 0.045]), False, 1)]
+        plan += [(np.array([cup[0], cup[1], top_z + HOVER]), True, 1), (above_cup, True, 0)]
         plan += [(w, True, 0) for w in self._around(cup[1], s.pad[1], s.obstacle_y)]
         plan += [(above_pad, True, 1), (np.array([s.pad[0], s.pad[1], place_z]), True, 1)]
         plan += [(plan[-1][0], False, 2), (above_pad, False, 0)]

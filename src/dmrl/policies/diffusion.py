@@ -33,8 +33,8 @@ class DiffusionPolicyConfig:
     """Denoiser network: mlp, unet or transformer."""
     denoiser_kwargs: dict = field(default_factory=dict)
     """Extra denoiser config (e.g. {"hidden_dim": 512, "n_blocks": 3} for mlp, {"down_dims": [64, 128]} for unet)."""
-    prediction_type: str = "epsilon"
-    """epsilon, sample (x0), v or hybrid."""
+    prediction_type: str = "hybrid"
+    """epsilon, sample (x0), v or hybrid (both heads; x0 weighted early, epsilon late: the seed's recipe)."""
     schedule: str = "cosine"
     """Noise schedule: cosine (squaredcos_cap_v2) or linear."""
     num_train_steps: int = 100

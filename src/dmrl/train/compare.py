@@ -45,6 +45,10 @@ class CompareConfig:
     eval_episodes: int = 100
     eval_seed: int = 100_000
     eval_envs: int = 2
+    eval_workers: bool = True
+    """Step evaluation envs in worker processes (False: in this process)."""
+    gifs: bool = True
+    """Save a GIF of two evaluation rollouts per policy."""
     parallel: int = 2
     """Trainings run at once (each single-threaded)."""
     train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=3000))
@@ -99,9 +103,12 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
                 },
             )
     print(f"compare: training {len(runs)} runs ({cfg.train.steps} steps each, {cfg.parallel} at a time)", flush=True)
-    with cf.ProcessPoolExecutor(cfg.parallel, mp_context=mp.get_context("spawn")) as pool:
-        futures = {key: pool.submit(_train_one, run) for key, run in runs.items()}
-        summaries = {key: f.result() for key, f in futures.items()}
+    if cfg.parallel == 1:
+        summaries = {key: _train_one(run) for key, run in runs.items()}
+    else:
+        with cf.ProcessPoolExecutor(cfg.parallel, mp_context=mp.get_context("spawn")) as pool:
+            futures = {key: pool.submit(_train_one, run) for key, run in runs.items()}
+            summaries = {key: f.result() for key, f in futures.items()}
     env_id = summaries[next(iter(summaries))]["env_id"]
     select_seeds = list(range(cfg.select_seed, cfg.select_seed + cfg.select_episodes))
     eval_seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes))
@@ -111,7 +118,11 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
         for lr in cfg.lrs:
             ckpt = runs[(policy, lr)].out / "checkpoint"
             pol, _ = load_policy(ckpt)
-            sel = evaluate(pol, env_id, select_seeds, n_envs=cfg.eval_envs) if select_seeds else None
+            sel = (
+                evaluate(pol, env_id, select_seeds, n_envs=cfg.eval_envs, workers=cfg.eval_workers)
+                if select_seeds
+                else None
+            )
             score = (sel.success_rate if sel else 0.0, -summaries[(policy, lr)].get("val_loss", 0.0))
             sweep.append(
                 {
@@ -124,9 +135,10 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
             if score > best:
                 best_key, best = (policy, lr), score
         pol, _ = load_policy(runs[best_key].out / "checkpoint")
-        res = evaluate(pol, env_id, eval_seeds, n_envs=cfg.eval_envs)
+        res = evaluate(pol, env_id, eval_seeds, n_envs=cfg.eval_envs, workers=cfg.eval_workers)
         res.latency_ms, res.latency_p95_ms = measure_latency(pol, env_id)
-        save_rollout_gif(pol, env_id, cfg.out / f"rollouts_{policy}.gif", eval_seeds[:2])
+        if cfg.gifs:
+            save_rollout_gif(pol, env_id, cfg.out / f"rollouts_{policy}.gif", eval_seeds[:2])
         results[policy] = res
         label, generation = POLICY_LABELS[policy]
         rows.append(

@@ -120,12 +120,11 @@ def evaluate(
                 if pending:
                     current[i] = pending.pop(0)
                 else:
-                    active[i] = False
-            restart = done & active
-            if restart.any():
-                obs, info = envs.reset(seed=list(current), options={"reset_mask": restart})
-                policy.reset(mask=restart)
-                for i in np.flatnonzero(restart):
+                    active[i] = False  # no seeds left: reset anyway (a finished env must not be stepped)
+            if active.any():
+                obs, info = envs.reset(seed=list(current), options={"reset_mask": done})
+                policy.reset(mask=done)
+                for i in np.flatnonzero(done):
                     actions[i], tips[i] = [], [np.asarray(info["tip"][i])]
     finally:
         envs.close()

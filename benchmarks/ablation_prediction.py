@@ -1,0 +1,85 @@
+"""Prediction-type ablation: epsilon vs sample (x0) vs v vs hybrid, several training seeds each (mean ± std).
+
+Run: ``python benchmarks/ablation_prediction.py --dataset outputs/compare_state/dataset.zarr [--seeds 0 1 2]``.
+Writes benchmarks/results/ablation_prediction.json and .md. Every run uses the diffusion settings of
+configs/compare_state.yaml; only the prediction type and the seed change. Two runs train at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+
+from _common import machine, write_results
+from dmrl.config import TrainConfig, load_yaml, merge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cfg: TrainConfig) -> dict:
+    from dmrl.train.offline import train_bc
+
+    return train_bc(cfg, progress=False)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", type=Path, required=True)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
+    ap.add_argument("--types", nargs="+", default=["epsilon", "sample", "v", "hybrid"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "ablation_prediction")
+    args = ap.parse_args()
+    template = merge(TrainConfig(), load_yaml(args.config).get("train", {}))
+    lr = float(load_yaml(args.config).get("lrs", [template.optim.lr])[-1])
+    runs = {
+        (t, s): merge(
+            template,
+            {
+                "dataset": args.dataset,
+                "out": args.out / f"{t}_seed{s}",
+                "policy": "diffusion",
+                "seed": s,
+                "overwrite": True,
+                "eval_episodes": args.episodes,
+                "eval_envs": 1,
+                "optim": {"lr": lr},
+                "diffusion": {"prediction_type": t},
+            },
+        )
+        for t in args.types
+        for s in args.seeds
+    }
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
+        results = dict(zip(runs, pool.map(_run, runs.values()), strict=True))
+    rows = []
+    for t in args.types:
+        sr = [results[(t, s)]["eval"]["success_rate"] for s in args.seeds]
+        rows.append(
+            {
+                "prediction_type": t,
+                "seeds": len(sr),
+                "episodes_per_seed": args.episodes,
+                "success_mean": float(np.mean(sr)),
+                "success_std": float(np.std(sr)),
+                "per_seed": ", ".join(f"{x:.2f}" for x in sr),
+                "val_loss_mean": float(np.mean([results[(t, s)]["val_loss"] for s in args.seeds])),
+            }
+        )
+        print(rows[-1], flush=True)
+    meta = {
+        **machine(),
+        "command": f"python benchmarks/ablation_prediction.py --dataset {args.dataset}",
+        "lr": lr,
+        "steps": template.steps,
+    }
+    write_results("ablation_prediction", rows, meta, list(rows[0]))
+
+
+if __name__ == "__main__":
+    main()

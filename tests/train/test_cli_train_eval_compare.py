@@ -1,0 +1,143 @@
+"""CLI smoke runs of train / eval / compare with a handful of steps, presets, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dmrl.cli import main
+from dmrl.config import TrainConfig, load_yaml, merge
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d.zarr"
+    assert main(["collect", "--out", str(out), "--episodes", "6", "--workers", "0", "--obs-modes", "state"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("policy", ["diffusion", "gaussian", "vae"])
+def test_train_then_eval(tmp_path, dataset, policy, capsys):
+    run = tmp_path / "run"
+    assert (
+        main(
+            [
+                "train",
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(run),
+                "--policy",
+                policy,
+                "--steps",
+                "12",
+                "--batch-size",
+                "16",
+                "--val-every",
+                "6",
+                "--chunk.horizon",
+                "8",
+                "--chunk.n-action-steps",
+                "4",
+                "--diffusion.num-inference-steps",
+                "3",
+            ]
+        )
+        == 0
+    )
+    assert (run / "checkpoint" / "policy.safetensors").is_file() and (run / "tb").is_dir()
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 12 and "val_loss" in lines[-1]
+    capsys.readouterr()
+    assert (
+        main(["eval", "--checkpoint", str(run / "checkpoint"), "--episodes", "2", "--envs", "1", "--gif-episodes", "1"])
+        == 0
+    )
+    result = json.loads((run / "eval" / "eval.json").read_text())
+    assert result["episodes"] == 2 and 0.0 <= result["ci_low"] <= result["success_rate"] <= result["ci_high"]
+    assert (run / "eval" / "paths.png").is_file() and (run / "eval" / "rollouts.gif").is_file()
+    # an existing run is never overwritten silently
+    assert main(["train", "--dataset", str(dataset), "--out", str(run), "--steps", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_compare_smoke(tmp_path, dataset):
+    out = tmp_path / "cmp"
+    assert (
+        main(
+            [
+                "compare",
+                "--dataset",
+                str(dataset),
+                "--out",
+                str(out),
+                "--lrs",
+                "1e-3",
+                "--parallel",
+                "1",
+                "--select-episodes",
+                "1",
+                "--eval-episodes",
+                "2",
+                "--eval-envs",
+                "1",
+                "--no-eval-workers",
+                "--no-gifs",
+                "--train.steps",
+                "4",
+                "--train.batch-size",
+                "16",
+                "--train.chunk.horizon",
+                "8",
+                "--train.chunk.n-action-steps",
+                "4",
+                "--train.diffusion.num-inference-steps",
+                "2",
+            ]
+        )
+        == 0
+    )
+    report = json.loads((out / "compare.json").read_text())
+    assert [r["policy"] for r in report["results"]] == ["gaussian", "vae", "diffusion"]
+    for r in report["results"]:
+        for key in (
+            "success_rate",
+            "ci_low",
+            "ci_high",
+            "episodes",
+            "route_left",
+            "route_right",
+            "collision_rate",
+            "jerk",
+            "latency_ms",
+        ):
+            assert key in r
+    assert "| policy |" in (out / "compare.md").read_text() and (out / "paths.png").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["train", "--policy", "transformerz"], "--policy"),
+        (["train", "--dataset", "/nonexistent/x.zarr"], "x.zarr"),
+        (["train", "--optim.lr", "-1"], "optim"),
+        (["train", "--config", "/nonexistent.yaml"], "nonexistent.yaml"),
+        (["eval", "--checkpoint", "/nonexistent/ckpt"], "ckpt"),
+        (["frobnicate"], "unknown command"),
+    ],
+)
+def test_bad_input_is_one_line(args, match, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+
+
+def test_yaml_preset_and_unknown_key(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("policy: vae\nsteps: 7\noptim: {lr: 0.002}\nvae: {beta: 0.5}\n")
+    cfg = merge(TrainConfig(), load_yaml(p))
+    assert (cfg.policy, cfg.steps, cfg.optim.lr, cfg.vae.beta) == ("vae", 7, 0.002, 0.5)
+    p.write_text("optim: {learning_rate: 0.1}\n")
+    with pytest.raises(ValueError, match="optim.learning_rate"):
+        merge(TrainConfig(), load_yaml(p))
