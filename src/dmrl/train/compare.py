@@ -77,14 +77,20 @@ def _dataset(cfg: CompareConfig) -> Path:
     from dmrl.envs.collect import CollectConfig, collect
 
     path = cfg.out / "dataset.zarr"
-    collect(CollectConfig(out=path, env=cfg.env, episodes=cfg.episodes, obs_modes=("state",), overwrite=True))
+    print(f"compare: collecting {cfg.episodes} expert episodes into {path}", flush=True)
+    collect(
+        CollectConfig(out=path, env=cfg.env, episodes=cfg.episodes, obs_modes=("state",), overwrite=True),
+        progress=False,
+    )
     return path
 
 
 def run_compare(cfg: CompareConfig) -> dict[str, Any]:
     from dmrl.train.checkpoint import load_policy
+    from dmrl.train.engine import configure_cpu_threads
     from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
 
+    configure_cpu_threads(cfg.train.cpu_threads)  # policy inference here runs next to env worker processes
     t_start = time.perf_counter()
     cfg.out.mkdir(parents=True, exist_ok=True)
     dataset = _dataset(cfg)
@@ -232,17 +238,37 @@ class DemoConfig:
     out: Path = Path("outputs/demo")
     """Directory for scene.png and the comparison (compare.md, paths.png, GIFs, runs/)."""
     quick: bool = True
-    """The quick preset (about 15 minutes on 2 CPU cores); --no-quick runs the full budget."""
+    """The quick preset (QUICK below, about 15 minutes on 2 CPU cores); --no-quick uses CompareConfig's defaults."""
+
+
+#: The embedded default of ``dmrl demo`` (configs/compare_quick.yaml holds the same values for `dmrl compare`):
+#: one learning rate per policy (the best of the full sweep in configs/compare_state.yaml), 3000 steps.
+QUICK: dict[str, Any] = {
+    "episodes": 300,
+    "lrs": [1e-3],
+    "select_episodes": 0,
+    "eval_episodes": 100,
+    "eval_envs": 2,
+    "parallel": 2,
+    "train": {
+        "steps": 3000,
+        "batch_size": 256,
+        "diffusion": {
+            "prediction_type": "hybrid",
+            "denoiser": "mlp",
+            "num_inference_steps": 10,
+            "denoiser_kwargs": {"hidden_dim": 512, "n_blocks": 4},
+        },
+    },
+}
 
 
 def run_demo(cfg: DemoConfig) -> None:
-    from dmrl.config import load_yaml
     from dmrl.envs.plotting import save_scene_figure
 
     save_scene_figure(_scene_frames(), cfg.out / "scene.png")
     print(f"scene: {cfg.out / 'scene.png'}")
-    preset = Path(__file__).resolve().parents[3] / "configs" / ("compare_quick.yaml" if cfg.quick else "compare.yaml")
-    compare_cfg = merge(CompareConfig(), load_yaml(preset)) if preset.is_file() else CompareConfig()
+    compare_cfg = merge(CompareConfig(), QUICK) if cfg.quick else CompareConfig()
     run_compare(dataclasses.replace(compare_cfg, out=cfg.out))
 
 

@@ -31,6 +31,8 @@ class EvalConfig:
     """Output directory; default: <checkpoint>/../eval."""
     gif_episodes: int = 2
     """Episodes rendered into rollouts.gif (0: none)."""
+    cpu_threads: int = 1
+    """torch threads for the policy (1: no OpenMP spin-waiting next to the env worker processes)."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.envs < 1:
@@ -42,8 +44,10 @@ class EvalConfig:
 def run_eval(cfg: EvalConfig) -> dict:
     from dmrl.envs.plotting import save_path_plot
     from dmrl.train.checkpoint import load_policy
+    from dmrl.train.engine import configure_cpu_threads
     from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
 
+    configure_cpu_threads(cfg.cpu_threads)
     policy, meta = load_policy(cfg.checkpoint)
     if cfg.inference_steps is not None:
         if not hasattr(policy, "set_sampler"):
