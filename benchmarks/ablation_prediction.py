@@ -33,9 +33,12 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=["epsilon", "sample", "v", "hybrid"])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "ablation_prediction")
     args = ap.parse_args()
     template = merge(TrainConfig(), load_yaml(args.config).get("train", {}))
+    if args.steps is not None:
+        template = merge(template, {"steps": args.steps})
     lr = float(load_yaml(args.config).get("lrs", [template.optim.lr])[-1])
     runs = {
         (t, s): merge(

@@ -1,0 +1,55 @@
+"""Decision latency of trained policies at batch 1 on one CPU thread: ms per act() call and per chunk.
+
+Run: ``python benchmarks/latency.py --runs outputs/compare_state/runs`` (every */checkpoint below it).
+Writes benchmarks/results/latency.json and .md. `act` is timed over closed-loop episodes (most calls pop the
+action queue; every Ta-th call plans a chunk), `chunk` is predict_chunk alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import machine, write_results
+from dmrl.train.checkpoint import load_policy
+from dmrl.train.evaluate import measure_latency
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=Path, required=True)
+    ap.add_argument("--steps", type=int, default=400)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rows = []
+    for ckpt in sorted(args.runs.glob("*/checkpoint")):
+        policy, meta = load_policy(ckpt)
+        act_med, act_p95 = measure_latency(policy, meta["env_id"], steps=args.steps)
+        obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, policy.obs_dims["state"])}
+        times = []
+        for i in range(60):
+            t = time.perf_counter()
+            policy.predict_chunk(obs)
+            if i >= 10:
+                times.append((time.perf_counter() - t) * 1e3)
+        rows.append(
+            {
+                "run": ckpt.parent.name,
+                "policy": policy.name,
+                "act_ms_median": act_med,
+                "act_ms_p95": act_p95,
+                "chunk_ms_median": float(np.median(times)),
+                "params": sum(p.numel() for p in policy.parameters()),
+            }
+        )
+        print(rows[-1], flush=True)
+    meta = {**machine(), "command": f"python benchmarks/latency.py --runs {args.runs}", "threads": 1, "batch": 1}
+    write_results("latency", rows, meta, list(rows[0]))
+
+
+if __name__ == "__main__":
+    main()
