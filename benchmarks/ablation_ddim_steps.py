@@ -37,12 +37,14 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
     ap.add_argument("--seed", type=int, default=100_000)
+    ap.add_argument("--head", choices=["both", "eps", "x0"], default="both", help="hybrid policies: sampling head")
+    ap.add_argument("--name", default="ablation_ddim_steps", help="results file stem")
     args = ap.parse_args()
     torch.set_num_threads(1)
     policy, meta = load_policy(args.checkpoint)
     rows = []
     for s in args.steps:
-        policy.set_sampler(s)
+        policy.set_sampler(s, head=args.head)
         res = evaluate(policy, meta["env_id"], list(range(args.seed, args.seed + args.episodes)), n_envs=2)
         rows.append(
             {

@@ -144,3 +144,18 @@ def test_diffusion_keeps_both_modes_and_mlp_collapses_to_the_mean():
     assert between < 0.1, f"diffusion put {between:.2f} of samples between the modes"
     mlp = _fit_two_modes("gaussian")
     assert (mlp.abs() < 0.2).float().mean() > 0.9, "the Gaussian MLP should output the average of the modes"
+
+
+def test_hybrid_sampling_heads():
+    from dmrl.policies import DiffusionPolicyConfig
+
+    policy = build_policy("diffusion", ChunkConfig(), DiffusionPolicyConfig(prediction_type="hybrid"), OBS, 3).eval()
+    obs = {"state": torch.randn(2, 2, 5)}
+    for head in ("both", "eps", "x0"):
+        policy.set_sampler(4, head=head)
+        assert policy.predict_chunk(obs).shape == (2, 16, 3)
+    with pytest.raises(ValueError, match="sample_head"):
+        DiffusionPolicyConfig(prediction_type="epsilon", sample_head="x0")
+    eps_policy = build_policy("diffusion", ChunkConfig(), DiffusionPolicyConfig(prediction_type="epsilon"), OBS, 3)
+    with pytest.raises(ValueError, match="hybrid"):
+        eps_policy.set_sampler(4, head="x0")

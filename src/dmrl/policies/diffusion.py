@@ -24,6 +24,8 @@ from dmrl.diffusion import (
 from dmrl.models import DENOISERS, build_denoiser
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 
+SAMPLE_HEADS = ("both", "eps", "x0")
+
 
 @dataclass
 class DiffusionPolicyConfig:
@@ -47,6 +49,8 @@ class DiffusionPolicyConfig:
     """DDIM timestep spacing; "trailing" starts from the noisiest step, better for few steps."""
     hybrid: HybridWeights = field(default_factory=HybridWeights)
     """x0/ε loss weights over training progress (prediction_type hybrid only)."""
+    sample_head: str = "both"
+    """Hybrid only: heads driving DDIM: both (x0 head for the x0 term, ε head for the noise term), eps or x0."""
 
     def __post_init__(self) -> None:
         if self.denoiser not in DENOISERS:
@@ -60,6 +64,10 @@ class DiffusionPolicyConfig:
                 f"diffusion num_inference_steps: got {self.num_inference_steps}; "
                 f"allowed 1..num_train_steps={self.num_train_steps}"
             )
+        if self.sample_head not in SAMPLE_HEADS:
+            raise ValueError(f"diffusion sample_head: got {self.sample_head!r}; allowed: {', '.join(SAMPLE_HEADS)}")
+        if self.sample_head != "both" and self.prediction_type != "hybrid":
+            raise ValueError("diffusion sample_head eps/x0 needs prediction_type hybrid (two heads to choose from)")
         if isinstance(self.hybrid, dict):
             self.hybrid = HybridWeights(**self.hybrid)
 
@@ -89,13 +97,18 @@ class DiffusionPolicy(ChunkPolicy):
         self.schedule = make_schedule(config.schedule, num_train_steps=config.num_train_steps)
         self.set_sampler(config.num_inference_steps, config.eta)
 
-    def set_sampler(self, num_steps: int, eta: float | None = None) -> None:
-        """Switch the DDIM step count (and eta) used by ``act`` / ``predict_chunk``; training is unaffected."""
+    def set_sampler(self, num_steps: int, eta: float | None = None, head: str | None = None) -> None:
+        """Switch the DDIM step count, eta and (hybrid) sampling head used by ``act`` / ``predict_chunk``."""
+        head = head or self.config.sample_head
+        if head not in SAMPLE_HEADS or (head != "both" and self.config.prediction_type != "hybrid"):
+            raise ValueError(f"sample head {head!r}: allowed {', '.join(SAMPLE_HEADS)} (eps/x0 for hybrid policies)")
+        self._head = head
+        pred_type = {"both": self.config.prediction_type, "eps": "epsilon", "x0": "sample"}[head]
         self.sampler = DDIMSampler(
             self.schedule,
             num_steps=num_steps,
             eta=self.config.eta if eta is None else eta,
-            pred_type=self.config.prediction_type,
+            pred_type=pred_type,
             clip_sample=True,
             timestep_spacing=self.config.timestep_spacing,
         )
@@ -129,7 +142,10 @@ class DiffusionPolicy(ChunkPolicy):
         )
 
     def _sample_chunk(self, cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
-        shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
+        da = self.action_dim
+        shape = (cond.shape[0], self.chunk.horizon, da)
+        # A hybrid output is [eps head | x0 head] on the last dim; one head alone is a plain eps / x0 model.
+        head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
         return self.sampler.sample(
-            lambda x, t: self.denoiser(x, t, cond), shape, generator=generator, device=cond.device
+            lambda x, t: self.denoiser(x, t, cond)[..., head], shape, generator=generator, device=cond.device
         )
