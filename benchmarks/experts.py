@@ -12,7 +12,7 @@ import numpy as np
 from _common import machine, write_results
 from dmrl.envs import make_env
 from dmrl.envs.collect import record_episode
-from dmrl.envs.experts import ExpertConfig, ScriptedExpert, run_expert_episode
+from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -25,22 +25,8 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
 def averaged_plan_outcomes(env_id: str, seeds: range) -> tuple[int, int]:
     """(failures, collisions) of open-loop execution of the step-wise mean of a left and a right plan."""
     env = make_env(env_id, obs_modes=("state",))
-    fails = collisions = 0
-    for seed in seeds:
-        plans = [
-            run_expert_episode(env, ScriptedExpert(env, ExpertConfig(route=r)), seed)[0] for r in ("left", "right")
-        ]
-        t = max(map(len, plans))
-        plans = [np.concatenate([p, np.repeat(p[-1:], t - len(p), 0)]) for p in plans]
-        mean_plan = (plans[0] + plans[1]) / 2
-        env.reset(seed=seed)
-        for step in range(env.cfg.max_steps):
-            *_, term, trunc, info = env.step(mean_plan[min(step, t - 1)])
-            if term or trunc:
-                break
-        fails += not info["is_success"]
-        collisions += info["collision"]
-    return fails, collisions
+    outcomes = [mean_plan_episode(env, seed)[0] for seed in seeds]
+    return sum(not i["is_success"] for i in outcomes), sum(bool(i["collision"]) for i in outcomes)
 
 
 def main() -> None:

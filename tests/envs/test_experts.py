@@ -7,7 +7,7 @@ import pytest
 
 from dmrl.envs import make_env
 from dmrl.envs.collect import record_episode
-from dmrl.envs.experts import ExpertConfig, ScriptedExpert, run_expert_episode
+from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
 
 TASKS = ["dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"]
 
@@ -31,19 +31,8 @@ def test_average_of_left_and_right_plans_fails(env_id):
     env = make_env(env_id, obs_modes=("state",))
     n, fails = 30, 0
     for seed in range(n):
-        plans = []
-        for route in ("left", "right"):
-            actions, info, _ = run_expert_episode(env, ScriptedExpert(env, ExpertConfig(route=route)), seed)
-            assert info["is_success"] and info["route"] == route
-            plans.append(actions)
-        t = max(map(len, plans))
-        plans = [np.concatenate([p, np.repeat(p[-1:], t - len(p), 0)]) for p in plans]
-        mean_plan = (plans[0] + plans[1]) / 2
-        env.reset(seed=seed)
-        for step in range(env.cfg.max_steps):
-            *_, terminated, truncated, info = env.step(mean_plan[min(step, t - 1)])
-            if terminated or truncated:
-                break
+        info, plan_infos = mean_plan_episode(env, seed)
+        assert [i["route"] for i in plan_infos] == ["left", "right"] and all(i["is_success"] for i in plan_infos)
         fails += not info["is_success"]
     assert fails / n >= 0.9, f"mode-averaged plan succeeded in {n - fails}/{n} seeds"
 

@@ -161,3 +161,26 @@ def run_expert_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int, opt
         total += r
         if term or trunc:
             return np.array(actions), info, total
+
+
+def mean_plan_episode(env: MultiPathEnv, seed: int) -> tuple[dict, list[dict]]:
+    """Execute open loop the step-wise mean of the left and the right expert plans for ``seed``.
+
+    This is what a regressor that averages the two modes would do. Returns (final info of the mean plan,
+    [final info of the left plan, of the right plan]); the shorter plan is padded with its last action.
+    """
+    plans, infos = [], []
+    for route in ("left", "right"):
+        actions, info, _ = run_expert_episode(env, ScriptedExpert(env, ExpertConfig(route=route)), seed)
+        plans.append(actions)
+        infos.append(info)
+    t = max(map(len, plans))
+    plans = [np.concatenate([p, np.repeat(p[-1:], t - len(p), 0)]) for p in plans]
+    mean_plan = (plans[0] + plans[1]) / 2
+    env.reset(seed=seed)
+    info: dict = {}
+    for step in range(env.cfg.max_steps):
+        *_, terminated, truncated, info = env.step(mean_plan[min(step, t - 1)])
+        if terminated or truncated:
+            break
+    return info, infos
