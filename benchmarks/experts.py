@@ -6,6 +6,7 @@ Run: ``python benchmarks/experts.py``. Success rates carry 95% Wilson intervals 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import numpy as np
 
@@ -29,11 +30,32 @@ def averaged_plan_outcomes(env_id: str, seeds: range) -> tuple[int, int]:
     return sum(not i["is_success"] for i in outcomes), sum(bool(i["collision"]) for i in outcomes)
 
 
+def draw_route_plots(n: int = 60) -> None:
+    """Top views of the expert's tip paths on seeds 0..n-1 (docs/routes_grasp.png, docs/routes_reach.png)."""
+    from dmrl.envs.plotting import save_path_plot
+
+    for env_id, task in (("dmrl/MultiPathGrasp-v0", "grasp"), ("dmrl/MultiPathReach-v0", "reach")):
+        env = make_env(env_id, obs_modes=("state",))
+        eps = [record_episode(env, ScriptedExpert(env), s) for s in range(n)]
+        out = Path(__file__).resolve().parents[1] / "docs" / f"routes_{task}.png"
+        save_path_plot(
+            [e.obs["state"][:, :2] for e in eps],
+            [e.route for e in eps],
+            task,
+            out,
+            title=f"{env_id}: {n} expert episodes",
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--episodes", type=int, default=500)
     ap.add_argument("--average-seeds", type=int, default=100)
+    ap.add_argument("--plots-only", action="store_true", help="only redraw docs/routes_{grasp,reach}.png")
     args = ap.parse_args()
+    draw_route_plots()
+    if args.plots_only:
+        return
     rows = []
     for env_id in ("dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"):
         env = make_env(env_id, obs_modes=("state",))
