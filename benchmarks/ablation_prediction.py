@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import multiprocessing as mp
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -77,7 +78,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     meta = {
         **machine(),
-        "command": f"python benchmarks/ablation_prediction.py --dataset {args.dataset}",
+        "command": "python benchmarks/ablation_prediction.py " + " ".join(sys.argv[1:]),
         "lr": lr,
         "steps": template.steps,
     }
