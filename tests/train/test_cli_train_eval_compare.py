@@ -141,3 +141,14 @@ def test_yaml_preset_and_unknown_key(tmp_path):
     p.write_text("optim: {learning_rate: 0.1}\n")
     with pytest.raises(ValueError, match="optim.learning_rate"):
         merge(TrainConfig(), load_yaml(p))
+
+
+def test_demo_preset_is_valid_and_matches_the_yaml():
+    from pathlib import Path
+
+    from dmrl.train.compare import QUICK, CompareConfig
+
+    quick = merge(CompareConfig(), QUICK)
+    assert quick.eval_episodes >= 100 and quick.train.diffusion.prediction_type == "hybrid"
+    yaml_path = Path(__file__).resolve().parents[2] / "configs" / "compare_quick.yaml"
+    assert merge(CompareConfig(), load_yaml(yaml_path)) == quick
