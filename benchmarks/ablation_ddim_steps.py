@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
     ap.add_argument("--seed", type=int, default=100_000)
-    ap.add_argument("--head", choices=["both", "eps", "x0"], default="both", help="hybrid policies: sampling head")
+    ap.add_argument("--head", choices=["both", "eps", "x0", "blend"], default="both", help="hybrid: sampling head")
     ap.add_argument("--name", default="ablation_ddim_steps", help="results file stem")
     args = ap.parse_args()
     torch.set_num_threads(1)

@@ -151,7 +151,7 @@ def test_hybrid_sampling_heads():
 
     policy = build_policy("diffusion", ChunkConfig(), DiffusionPolicyConfig(prediction_type="hybrid"), OBS, 3).eval()
     obs = {"state": torch.randn(2, 2, 5)}
-    for head in ("both", "eps", "x0"):
+    for head in ("both", "eps", "x0", "blend"):
         policy.set_sampler(4, head=head)
         assert policy.predict_chunk(obs).shape == (2, 16, 3)
     with pytest.raises(ValueError, match="sample_head"):

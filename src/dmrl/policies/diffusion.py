@@ -24,7 +24,7 @@ from dmrl.diffusion import (
 from dmrl.models import DENOISERS, build_denoiser
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 
-SAMPLE_HEADS = ("both", "eps", "x0")
+SAMPLE_HEADS = ("both", "eps", "x0", "blend")
 
 
 @dataclass
@@ -50,7 +50,8 @@ class DiffusionPolicyConfig:
     hybrid: HybridWeights = field(default_factory=HybridWeights)
     """x0/ε loss weights over training progress (prediction_type hybrid only)."""
     sample_head: str = "both"
-    """Hybrid only: heads driving DDIM: both (x0 head for the x0 term, ε head for the noise term), eps or x0."""
+    """Hybrid only: heads driving DDIM: both (x0 head for the x0 term, ε head for the noise term), eps, x0, or
+    blend (the x0 head's implied noise for t >= T/2, the ε head below: each head where it is accurate)."""
 
     def __post_init__(self) -> None:
         if self.denoiser not in DENOISERS:
@@ -103,7 +104,7 @@ class DiffusionPolicy(ChunkPolicy):
         if head not in SAMPLE_HEADS or (head != "both" and self.config.prediction_type != "hybrid"):
             raise ValueError(f"sample head {head!r}: allowed {', '.join(SAMPLE_HEADS)} (eps/x0 for hybrid policies)")
         self._head = head
-        pred_type = {"both": self.config.prediction_type, "eps": "epsilon", "x0": "sample"}[head]
+        pred_type = {"both": self.config.prediction_type, "eps": "epsilon", "x0": "sample", "blend": "epsilon"}[head]
         self.sampler = DDIMSampler(
             self.schedule,
             num_steps=num_steps,
@@ -144,8 +145,24 @@ class DiffusionPolicy(ChunkPolicy):
     def _sample_chunk(self, cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
         da = self.action_dim
         shape = (cond.shape[0], self.chunk.horizon, da)
+        if self._head == "blend":
+            return self.sampler.sample(
+                lambda x, t: self._blended_eps(x, t, cond), shape, generator=generator, device=cond.device
+            )
         # A hybrid output is [eps head | x0 head] on the last dim; one head alone is a plain eps / x0 model.
         head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
         return self.sampler.sample(
             lambda x, t: self.denoiser(x, t, cond)[..., head], shape, generator=generator, device=cond.device
         )
+
+    def _blended_eps(self, x: Tensor, t: Tensor, cond: Tensor) -> Tensor:
+        """Noise estimate (B, Tp, Da) from the x0 head at high noise (t >= T/2) and the ε head below it."""
+        da = self.action_dim
+        out = self.denoiser(x, t, cond)
+        eps_head, x0_head = out[..., :da], out[..., da:].clamp(-1.0, 1.0)
+        s0 = self.schedule.sqrt_alphas_cumprod[t][:, None, None]
+        s1 = self.schedule.sqrt_one_minus_alphas_cumprod[t][:, None, None]
+        eps_from_x0 = (x - s0 * x0_head) / s1
+        # torch.where, not a Python branch on t: the loop stays static for export.
+        high = (t >= self.config.num_train_steps // 2)[:, None, None]
+        return torch.where(high, eps_from_x0, eps_head)
