@@ -14,13 +14,7 @@ from _common import machine, write_results
 from dmrl.envs import make_env
 from dmrl.envs.collect import record_episode
 from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from dmrl.train.metrics import wilson_interval
 
 
 def averaged_plan_outcomes(env_id: str, seeds: range) -> tuple[int, int]:
@@ -66,7 +60,7 @@ def main() -> None:
         ):
             eps = [record_episode(env, ScriptedExpert(env, cfg), s) for s in range(args.episodes)]
             k = sum(e.success for e in eps)
-            lo, hi = wilson(k, len(eps))
+            lo, hi = wilson_interval(k, len(eps))
             rows.append(
                 {
                     "env": env_id,
@@ -83,7 +77,7 @@ def main() -> None:
             )
         fails, cols = averaged_plan_outcomes(env_id, range(args.average_seeds))
         n = args.average_seeds
-        lo, hi = wilson(n - fails, n)
+        lo, hi = wilson_interval(n - fails, n)
         rows.append(
             {
                 "env": env_id,
