@@ -21,23 +21,14 @@ def _err_line(capsys) -> str:
     return err[0]
 
 
+def _collect(out, *args: str, episodes: int = 1) -> int:
+    """``dmrl collect`` in this process (no worker processes) with extra flags; returns the exit status."""
+    return main(["collect", "--out", str(out), "--episodes", str(episodes), "--workers", "0", *args])
+
+
 def test_collect_info_round_trip(tmp_path, capsys):
     out = tmp_path / "d.zarr"
-    args = [
-        "collect",
-        "--out",
-        str(out),
-        "--episodes",
-        "3",
-        "--workers",
-        "0",
-        "--obs-modes",
-        "state,rgb",
-        "instruction",
-        "--image-size",
-        "32",
-    ]
-    assert main(args) == 0
+    assert _collect(out, "--obs-modes", "state,rgb", "instruction", "--image-size", "32", episodes=3) == 0
     store = EpisodeStore.open(out)
     assert store.n_episodes == 3 and set(store.obs_modes) == {"rgb", "instruction", "state"}
     ep = store.episode(1)
@@ -49,25 +40,7 @@ def test_collect_info_round_trip(tmp_path, capsys):
     assert '"episodes": 3' in capsys.readouterr().out
     # --append continues the seed sequence
     assert (
-        main(
-            [
-                "collect",
-                "--out",
-                str(out),
-                "--episodes",
-                "2",
-                "--workers",
-                "0",
-                "--append",
-                "--obs-modes",
-                "state",
-                "rgb",
-                "instruction",
-                "--image-size",
-                "32",
-            ]
-        )
-        == 0
+        _collect(out, "--append", "--obs-modes", "state", "rgb", "instruction", "--image-size", "32", episodes=2) == 0
     )
     store = EpisodeStore.open(out)
     assert store.n_episodes == 5 and list(store.seeds) == [0, 1, 2, 3, 4]
@@ -93,36 +66,19 @@ def test_parallel_workers_match_serial(tmp_path):
     ],
 )
 def test_bad_flags_are_one_line_errors(tmp_path, capsys, args, match):
-    assert main(["collect", "--out", str(tmp_path / "x.zarr"), "--workers", "0", *args]) == 2
+    assert _collect(tmp_path / "x.zarr", *args) == 2
     assert match in _err_line(capsys)
     assert not (tmp_path / "x.zarr").exists(), "a failed start must not create anything"
 
 
 def test_existing_store_is_never_overwritten_silently(tmp_path, capsys):
     out = tmp_path / "d.zarr"
-    assert main(["collect", "--out", str(out), "--episodes", "2", "--workers", "0", "--obs-modes", "state"]) == 0
+    assert _collect(out, "--obs-modes", "state", episodes=2) == 0
     before = EpisodeStore.open(out).episode(1).actions.copy()
     capsys.readouterr()
-    assert main(["collect", "--out", str(out), "--episodes", "1", "--workers", "0", "--obs-modes", "state"]) == 2
+    assert _collect(out, "--obs-modes", "state") == 2
     assert str(out) in _err_line(capsys)
-    assert (
-        main(
-            [
-                "collect",
-                "--out",
-                str(out),
-                "--episodes",
-                "1",
-                "--workers",
-                "0",
-                "--append",
-                "--obs-modes",
-                "state",
-                "joints",
-            ]
-        )
-        == 2
-    )
+    assert _collect(out, "--append", "--obs-modes", "state", "joints") == 2
     assert "--append" in _err_line(capsys)
     store = EpisodeStore.open(out)
     assert store.n_episodes == 2
@@ -179,23 +135,4 @@ def test_ctrl_c_keeps_every_completed_episode(tmp_path):
         ep = store.episode(i)
         assert ep.success and ep.obs["rgb"].shape[0] == ep.length
     # and the store accepts more episodes afterwards
-    assert (
-        main(
-            [
-                "collect",
-                "--out",
-                str(out),
-                "--episodes",
-                "1",
-                "--workers",
-                "0",
-                "--append",
-                "--obs-modes",
-                "state",
-                "rgb",
-                "--image-size",
-                "32",
-            ]
-        )
-        == 0
-    )
+    assert _collect(out, "--append", "--obs-modes", "state", "rgb", "--image-size", "32") == 0
