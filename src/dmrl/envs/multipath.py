@@ -129,7 +129,6 @@ class MultiPathEnv(gym.Env):
         self._tool_body = m.body("tool").id
         self._tip_site = m.site("tip").id
         self._pad_mocap = m.body_mocapid[m.body("pad").id]
-        self._obstacle_geom = m.geom("obstacle").id
         self._obstacle_touch = m.sensor_adr[m.sensor("obstacle_touch").id]
         self._weld_ids = [m.equality(f"suction_{i}").id for i in range(cfg.n_objects)]
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(6,), dtype=np.float32)
