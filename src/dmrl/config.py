@@ -98,21 +98,20 @@ from dmrl.policies import POLICIES, ChunkConfig  # noqa: E402
 from dmrl.policies.diffusion import DiffusionPolicyConfig  # noqa: E402
 from dmrl.policies.gaussian import GaussianPolicyConfig  # noqa: E402
 from dmrl.policies.vae import VAEPolicyConfig  # noqa: E402
+from dmrl.train.engine.core import EngineConfig  # noqa: E402
 
 
 @dataclasses.dataclass
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to 0; gradient-norm clipping."""
+    """AdamW with linear warm-up then cosine decay to 0 (clipping is the engine's: ``engine.grad_clip``)."""
 
     lr: float = 1e-3
     weight_decay: float = 1e-6
     warmup_steps: int = 200
-    grad_clip: float = 1.0
-    """Max global gradient norm (0 disables)."""
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0 and self.weight_decay >= 0 and self.warmup_steps >= 0 and self.grad_clip >= 0):
-            raise ValueError(f"optim: need lr > 0, weight_decay >= 0, warmup_steps >= 0, grad_clip >= 0; got {self}")
+        if not (self.lr > 0 and self.weight_decay >= 0 and self.warmup_steps >= 0):
+            raise ValueError(f"optim: need lr > 0, weight_decay >= 0, warmup_steps >= 0; got {self}")
 
 
 @dataclasses.dataclass
@@ -130,21 +129,20 @@ class TrainConfig:
     gaussian: GaussianPolicyConfig = dataclasses.field(default_factory=GaussianPolicyConfig)
     vae: VAEPolicyConfig = dataclasses.field(default_factory=VAEPolicyConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    """Device, precision, clipping, accumulation, data parallelism, checkpointing, compile, state saving."""
     steps: int = 5000
-    """Gradient steps."""
+    """Optimizer steps."""
     batch_size: int = 256
+    """Samples per optimizer step, in total over accumulated micro-batches and torchrun ranks."""
     ema_decay: float = 0.995
     """EMA of the weights used for evaluation and saved as the policy (warmed up as min(decay, (1+k)/(10+k)))."""
     val_fraction: float = 0.05
     """Fraction of episodes held out for the validation loss."""
     val_every: int = 1000
     seed: int = 0
-    device: str = "cpu"
-    """cpu, cuda[:i] or auto (the training-engine issue adds npu, precision and DDP)."""
     num_workers: int = 0
     """DataLoader worker processes."""
-    cpu_threads: int = 1
-    """torch intra-op threads on CPU (1 avoids OpenMP spin-waiting next to env workers; see train/engine.py)."""
     eval_episodes: int = 0
     """Closed-loop evaluation episodes after training (0: none); seeds eval_seed, eval_seed + 1, ..."""
     eval_seed: int = 100_000
@@ -152,8 +150,12 @@ class TrainConfig:
     eval_envs: int = 8
     overwrite: bool = False
     """Replace an existing run directory."""
+    resume: bool = False
+    """Continue the run in --out from its newest training state (out/state/); the config must match."""
 
     def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other: resume keeps the run, overwrite deletes it")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy: got {self.policy!r}; allowed: {', '.join(POLICIES)}")
         if self.steps < 1 or self.batch_size < 1:

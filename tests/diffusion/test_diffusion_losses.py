@@ -67,6 +67,21 @@ def test_mask_ignores_padded_steps(pred_type: str) -> None:
     one = diffusion_loss(pred_type, pred[1:2], x0[1:2], noise[1:2], xt[1:2], t[1:2], SCHED)
     one_masked = diffusion_loss(pred_type, pred[1:2], x0[1:2], noise[1:2], xt[1:2], t[1:2], SCHED, mask=mask[1:2])
     assert torch.allclose(one["loss"], one_masked["loss"])
+    # Padding in the batch: the loss of the whole batch is the mean of its halves' losses (accumulation / DDP).
+    halves = [
+        diffusion_loss(
+            pred_type,
+            pred[i : i + 2],
+            x0[i : i + 2],
+            noise[i : i + 2],
+            xt[i : i + 2],
+            t[i : i + 2],
+            SCHED,
+            mask=mask[i : i + 2],
+        )["loss"]
+        for i in (0, 2)
+    ]
+    assert torch.allclose(a["loss"], (halves[0] + halves[1]) / 2)
     with pytest.raises(ValueError, match=r"action mask: got shape \(4, 5\)"):
         diffusion_loss(pred_type, pred, x0, noise, xt, t, SCHED, mask=mask[:, :5])
 

@@ -6,7 +6,7 @@ trains loss = w_eps · MSE(ε head, ε) + w_x0 · MSE(x0 head, x0), with w_x0 la
 (`HybridWeights`, w_eps = 1 - w_x0).
 
 Padded action steps (episode ends shorter than Tp) are excluded by a (B, Tp) bool mask, True = real step, so
-every batch keeps a static shape and the loss is still an exact mean over the real elements.
+every batch keeps a static shape; padded elements add zero and the sum is divided by the static B·Tp·C.
 """
 
 from __future__ import annotations
@@ -73,15 +73,16 @@ class HybridWeights:
 
 
 def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean squared error over real elements: pred/target (B, Tp, C), mask (B, Tp) bool or None -> scalar."""
+    """Squared error summed over real elements / (B·Tp·C): pred/target (B, Tp, C), mask (B, Tp) bool or None."""
     sq = (pred - target).square()
     if mask is None:
         return sq.mean()
     if mask.shape != sq.shape[:2]:
         raise ValueError(f"action mask: got shape {tuple(mask.shape)}; must be (B, Tp) = {tuple(sq.shape[:2])}")
-    m = mask.to(sq.dtype).unsqueeze(-1)
-    # Normalise by the real element count (not B·Tp·C) so padding does not shrink the loss; clamp for all-pad batches.
-    return (sq * m).sum() / (m.sum() * sq.shape[-1]).clamp(min=1.0)
+    # Padded steps contribute zero and every real step has the same weight. Dividing by the static element count
+    # B·Tp·C (not the real-step count) keeps the loss a plain mean over samples, so equal micro-batches and DDP
+    # shards average to exactly the full-batch loss (gradient accumulation and data parallelism stay exact).
+    return torch.where(mask.unsqueeze(-1), sq, torch.zeros((), dtype=sq.dtype, device=sq.device)).mean()
 
 
 def diffusion_loss(

@@ -22,7 +22,14 @@ from typing import ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from dmrl.models.layers import Conv1dBlock, FiLMResBlock1d, TimestepEmbedding, TransformerBlock, pool_tokens
+from dmrl.models.layers import (
+    Conv1dBlock,
+    FiLMResBlock1d,
+    TimestepEmbedding,
+    TransformerBlock,
+    pool_tokens,
+    run_block,
+)
 
 
 @dataclass(kw_only=True)
@@ -136,12 +143,16 @@ class MLPDenoiser(nn.Module):
         self.norm = nn.LayerNorm(c.hidden_dim)
         self.head = nn.Linear(c.hidden_dim, c.horizon * c.action_dim * c.out_mult)
         _zero_(self.head)
+        self.grad_checkpointing = False  # set by the training engine
 
     def forward(self, x: Tensor, t: Tensor | float, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         """x (B, Tp, Da), t (B,), cond (B, D) or (B, K, D) [mean-pooled] -> (B, Tp, Da * out_mult)."""
         t = _check_inputs(self.config, x, t, cond, cond_mask)
         h = torch.cat([x.flatten(1), pool_tokens(cond, cond_mask), self.time_emb(t)], dim=-1)
-        h = self.head(self.norm(self.blocks(self.inp(h))))
+        h = self.inp(h)
+        for block in self.blocks:
+            h = run_block(block, h, checkpoint=self.grad_checkpointing)
+        h = self.head(self.norm(h))
         return h.view(x.shape[0], self.config.horizon, -1)
 
 
@@ -213,25 +224,31 @@ class UNet1DDenoiser(nn.Module):
         self.final = Conv1dBlock(dims[0], dims[0], c.kernel_size, c.n_groups)
         self.head = nn.Conv1d(dims[0], c.action_dim * c.out_mult, 1)
         _zero_(self.head)
+        self.grad_checkpointing = False  # set by the training engine
 
     def forward(self, x: Tensor, t: Tensor | float, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         """x (B, Tp, Da), t (B,), cond (B, D) or (B, K, D) [mean-pooled] -> (B, Tp, Da * out_mult)."""
         t = _check_inputs(self.config, x, t, cond, cond_mask)
         film = torch.cat([self.time_emb(t), pool_tokens(cond, cond_mask)], dim=-1)
+        ck = self.grad_checkpointing
+
+        def res(block: nn.Module, h: Tensor) -> Tensor:
+            return run_block(block, h, film, checkpoint=ck)
+
         h = x.transpose(1, 2)  # (B, Da, Tp): convolve along the chunk's time axis
         skips = []
         for i, (block1, block2) in enumerate(self.down):
-            h = block2(block1(h, film), film)
+            h = res(block2, res(block1, h))
             skips.append(h)
             if i < len(self.downsample):
                 h = self.downsample[i](h)
         for block in self.mid:
-            h = block(h, film)
+            h = res(block, h)
         # As in ConditionalUnet1D, the full-resolution skip (skips[0]) is not concatenated: level 0 reaches
         # the head through the down/up path, and the deeper skips carry the fine detail back.
         for (block1, block2), upsample, skip in zip(self.up, self.upsample, reversed(skips[1:]), strict=True):
             h = torch.cat([h, skip], dim=1)
-            h = upsample(block2(block1(h, film), film))
+            h = upsample(res(block2, res(block1, h)))
         return self.head(self.final(h)).transpose(1, 2)
 
 
@@ -297,6 +314,7 @@ class TransformerDenoiser(nn.Module):
         self.norm = nn.LayerNorm(c.d_model)
         self.head = nn.Linear(c.d_model, c.action_dim * c.out_mult)
         _zero_(self.head)
+        self.grad_checkpointing = False  # set by the training engine
 
     def forward(self, x: Tensor, t: Tensor | float, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         """x (B, Tp, Da), t (B,), cond (B, D) or (B, K, D), cond_mask (B, K) True = valid -> (B, Tp, Da * out_mult)."""
@@ -311,7 +329,7 @@ class TransformerDenoiser(nn.Module):
             mem_mask = torch.cat([torch.ones_like(cond_mask[:, :1]), cond_mask], dim=1)
         mem = self.cond_norm(torch.cat([time_tok, self.cond_in(cond)], dim=1))  # (B, 1 + K, C)
         for block in self.blocks:
-            h = block(h, mem, mem_mask)
+            h = run_block(block, h, mem, mem_mask, checkpoint=self.grad_checkpointing)
         return self.head(self.norm(h[:, 1:]))
 
 

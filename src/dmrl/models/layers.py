@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 
@@ -45,6 +46,14 @@ class TimestepEmbedding(nn.Module):
 
     def forward(self, t: Tensor) -> Tensor:
         return self.mlp(self.sinusoid(t))
+
+
+def run_block(block: nn.Module, *args: Tensor | None, checkpoint: bool = False) -> Tensor:
+    """``block(*args)``; with ``checkpoint`` (and autograd on) its activations are recomputed in backward instead
+    of stored: less memory for one more forward per block (the engine's ``grad_checkpointing`` switch)."""
+    if checkpoint and torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
+    return block(*args)
 
 
 def pool_tokens(cond: Tensor, mask: Tensor | None = None) -> Tensor:

@@ -89,7 +89,12 @@ class ChunkPolicy(nn.Module):
         return self.encoder({k: self.normalizer.normalize(k, obs[k].float()) for k in self.chunk.obs_keys})
 
     def loss(self, batch: dict) -> dict[str, Tensor]:
+        """Training losses {"loss": scalar, ...diagnostics}, computed in fp32 even under autocast."""
         raise NotImplementedError
+
+    def forward(self, batch: dict) -> dict[str, Tensor]:
+        """The same as ``loss``: calling the module is what DDP's gradient hooks and torch.compile act on."""
+        return self.loss(batch)
 
     def _sample_chunk(self, cond: Tensor) -> Tensor:
         """cond (B, D) -> normalised action chunk (B, Tp, Da)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import yaml
 from torch import Tensor
 
 from dmrl.data import Normalizer
@@ -54,6 +55,11 @@ class DiffusionPolicyConfig:
     blend (the x0 head's implied noise for t >= T/2, the ε head below: each head where it is accurate)."""
 
     def __post_init__(self) -> None:
+        # From the command line (--diffusion.denoiser-kwargs hidden_dim 128 down_dims "[64, 128]") every value
+        # arrives as a string: read each as a YAML scalar / list, as a preset file would give it.
+        self.denoiser_kwargs = {
+            k: yaml.safe_load(v) if isinstance(v, str) else v for k, v in dict(self.denoiser_kwargs).items()
+        }
         if self.denoiser not in DENOISERS:
             raise ValueError(f"diffusion denoiser: got {self.denoiser!r}; allowed: {', '.join(DENOISERS)}")
         if self.prediction_type not in PRED_TYPES:
@@ -126,7 +132,7 @@ class DiffusionPolicy(ChunkPolicy):
         x0 = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
         cond = self.encode(batch["obs"])  # (B, D)
         t, noise, x_t = sample_training_inputs(self.schedule, x0)
-        model_out = self.denoiser(x_t, t, cond)
+        model_out = self.denoiser(x_t, t, cond).float()  # the loss in fp32 under autocast
         weights = None
         if self.config.prediction_type == "hybrid":
             weights = self.config.hybrid.weights(float(batch.get("progress", 0.0)))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
+
+from dmrl.models.layers import run_block
 
 
 class ResidualMLP(nn.Module):
@@ -16,17 +19,20 @@ class ResidualMLP(nn.Module):
             for _ in range(depth)
         )
         self.out = nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, out_dim))
+        self.grad_checkpointing = False  # set by the training engine
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.inp(x)
         for block in self.blocks:
-            h = h + block(h)
+            h = h + run_block(block, h, checkpoint=self.grad_checkpointing)
         return self.out(h)
 
 
 def masked_mean(per_step: Tensor, mask: Tensor | None) -> Tensor:
-    """Mean of per_step (B, Tp) over valid steps; mask (B, Tp) bool (False = padding) or None."""
+    """Sum of per_step (B, Tp) over valid steps / (B·Tp); mask (B, Tp) bool (False = padding) or None.
+
+    The static denominator keeps the loss a plain mean over samples, so micro-batches and DDP shards average to
+    exactly the full-batch loss (see dmrl.diffusion.losses.masked_mse)."""
     if mask is None:
         return per_step.mean()
-    m = mask.to(per_step.dtype)
-    return (per_step * m).sum() / m.sum().clamp_min(1.0)
+    return torch.where(mask, per_step, torch.zeros((), dtype=per_step.dtype, device=per_step.device)).mean()

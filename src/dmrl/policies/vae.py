@@ -54,10 +54,10 @@ class VAEPolicy(ChunkPolicy):
         target = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
         cond = self.encode(batch["obs"])
         stats = self.posterior(torch.cat([cond, target.flatten(1)], dim=-1))
-        mu, logvar = stats.chunk(2, dim=-1)
+        mu, logvar = stats.float().chunk(2, dim=-1)  # fp32 loss under autocast
         logvar = logvar.clamp(-10.0, 10.0)
         z = mu + torch.randn_like(mu) * torch.exp(0.5 * logvar)
-        recon = self.decoder(torch.cat([cond, z], dim=-1)).reshape(target.shape)
+        recon = self.decoder(torch.cat([cond, z], dim=-1)).reshape(target.shape).float()
         rec = masked_mean(((recon - target) ** 2).mean(-1), batch.get("action_mask"))
         kl = 0.5 * (mu**2 + logvar.exp() - 1.0 - logvar).sum(-1).mean()
         return {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}

@@ -90,7 +90,7 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
     from dmrl.train.engine import configure_cpu_threads
     from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
 
-    configure_cpu_threads(cfg.train.cpu_threads)  # policy inference here runs next to env worker processes
+    configure_cpu_threads(cfg.train.engine.cpu_threads)  # policy inference here runs next to env worker processes
     t_start = time.perf_counter()
     cfg.out.mkdir(parents=True, exist_ok=True)
     dataset = _dataset(cfg)

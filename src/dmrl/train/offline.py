@@ -22,7 +22,8 @@ from dmrl.config import TrainConfig, to_dict
 from dmrl.data import EpisodeStore, SequenceDataset, fit_normalizer, split_episodes
 from dmrl.policies import ChunkPolicy, build_policy
 from dmrl.train.checkpoint import save_policy
-from dmrl.train.engine import configure_cpu_threads, resolve_device, seed_everything
+from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.engine.distributed import barrier
 
 
 class EMA:
@@ -55,23 +56,66 @@ def _lr_lambda(cfg: TrainConfig):
     return f
 
 
-def _to(batch: dict, device: torch.device) -> dict:
-    return {
-        k: _to(v, device) if isinstance(v, dict) else v.to(device) if torch.is_tensor(v) else v
-        for k, v in batch.items()
-    }
+_RESUME_MAY_DIFFER = {
+    "resume",
+    "overwrite",
+    "eval_episodes",
+    "eval_envs",
+    "eval_seed",
+    "num_workers",
+    "engine.device",
+    "engine.cpu_threads",
+    "engine.compile",
+    "engine.save_every",
+    "engine.keep_last",
+}
 
 
-def _prepare_out(cfg: TrainConfig) -> Path:
-    out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()):
-        if not cfg.overwrite:
-            raise FileExistsError(f"run directory {out} exists; pass --overwrite or choose another --out")
-        if not (out / "config.json").is_file():
-            raise FileExistsError(f"--overwrite refuses to delete {out}: it is not a dmrl run directory")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
+
+
+def _prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
+    """The run directory: checked for --resume, emptied for --overwrite (rank 0 only), config.json written."""
+    out = Path(cfg.out)
+    if cfg.resume:
+        saved_path = out / "config.json"
+        if not saved_path.is_file():
+            raise FileNotFoundError(f"--resume: {saved_path} not found; start the run without --resume first")
+        saved, now = _flat(json.loads(saved_path.read_text())), _flat(to_dict(cfg))
+        for key in sorted(set(saved) | set(now)):
+            if key not in _RESUME_MAY_DIFFER and saved.get(key) != now.get(key):
+                raise ValueError(
+                    f"--resume: {key} is {now.get(key)!r} but the run in {out} used {saved.get(key)!r}; "
+                    "pass the run's own settings (see its config.json)"
+                )
+        return out
+    if engine.is_main:
+        if out.exists() and any(out.iterdir()):
+            if not cfg.overwrite:
+                raise FileExistsError(
+                    f"run directory {out} exists; pass --resume to continue it, --overwrite to replace it, "
+                    "or choose another --out"
+                )
+            if not (out / "config.json").is_file():
+                raise FileExistsError(f"--overwrite refuses to delete {out}: it is not a dmrl run directory")
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    barrier(engine.dist)
+    return out
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.partial")
+    tmp.write_text("".join(line + "\n" for line in keep))
+    tmp.replace(path)
 
 
 def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy, dict[str, int]]:
@@ -86,83 +130,141 @@ def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy
 
 
 def train_bc(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
-    """Train, save ``out/checkpoint`` and return a summary (final losses, samples/s, optional evaluation)."""
+    """Train, save ``out/checkpoint`` and return a summary (final losses, samples/s, optional evaluation).
+
+    Runs alone or as one rank under torchrun (see dmrl.train.engine); only rank 0 logs and writes files.
+    """
     store = EpisodeStore.open(cfg.dataset)
-    device = resolve_device(cfg.device)
-    configure_cpu_threads(cfg.cpu_threads)
-    seed_everything(cfg.seed)
-    out = _prepare_out(cfg)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    engine = Engine(cfg.engine, cfg.seed)
+    try:
+        return _train_bc(cfg, store, engine, progress)
+    finally:
+        shutdown_distributed()
+
+
+def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool) -> dict[str, Any]:
+    out = _prepare_out(cfg, engine)
+    main = engine.is_main
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.val_fraction, cfg.seed)
     policy, _ = build_from_store(cfg, store)
-    policy.to(device).train()
+    ema = EMA(policy, cfg.ema_decay)  # copied before compile / DDP wrap: a plain module, only ever evaluated
+    model = engine.prepare(policy.train())
+    ema.model.to(engine.device)
     c = cfg.chunk
     ds_kw = dict(obs_keys=c.obs_keys, horizon_obs=c.n_obs_steps, horizon_pred=c.horizon, horizon_exec=c.n_action_steps)
     train_ds = SequenceDataset(store, episodes=train_eps, **ds_kw)
-    val_ds = SequenceDataset(store, episodes=val_eps, **ds_kw) if len(val_eps) else None
-    loader = DataLoader(
-        train_ds,
-        batch_size=min(cfg.batch_size, len(train_ds)),
-        shuffle=True,
-        drop_last=True,
-        num_workers=cfg.num_workers,
-        persistent_workers=cfg.num_workers > 0,
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
+    val_ds = SequenceDataset(store, episodes=val_eps, **ds_kw) if len(val_eps) and main else None
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
-    ema = EMA(policy, cfg.ema_decay)
-    from torch.utils.tensorboard import SummaryWriter
+    start, summary = 0, {}
+    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
+    if state is not None:
+        policy.load_state_dict(state.tensors["model"])
+        ema.model.load_state_dict(state.tensors["ema"])
+        opt.load_state_dict(state.objects["optimizer"])
+        sched.load_state_dict(state.objects["scheduler"])
+        engine.load_state_dict(state.objects["engine"])
+        ema.updates, start, summary = state.objects["ema_updates"], state.step, state.objects["last_log"]
+        if main:
+            print(f"resuming {out} from {state.path.name} (step {start} of {cfg.steps})", flush=True)
 
-    writer = SummaryWriter(str(out / "tb"))
-    log = (out / "metrics.jsonl").open("a")
-    bar = tqdm(total=cfg.steps, desc=f"train {cfg.policy}", disable=not progress, unit="step")
-    step, t0, summary = 0, time.perf_counter(), {}
+    def save(step: int) -> None:
+        tensors = {"model": policy.state_dict(), "ema": ema.model.state_dict()}
+        objects = {
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "engine": engine.state_dict(),
+            "ema_updates": ema.updates,
+            "last_log": summary,
+        }
+        save_state(out, step, engine.dist, tensors, objects, cfg.engine.keep_last)
+
+    acc = cfg.engine.accumulate
+    sampler = GlobalBatchSampler(len(train_ds), cfg.batch_size, acc, engine.dist, cfg.seed, start_step=start)
+    loader = DataLoader(
+        train_ds,
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        pin_memory=engine.device.type != "cpu",
+        # Its own generator: starting an iterator draws a worker base seed, which must not come from (and so
+        # shift) the global stream that the training noise and a resumed run's restored RNG state share.
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    writer = log = None
+    if main:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # A resumed run drops what the interrupted one logged after its last saved state, so curves never
+        # show two values for one step.
+        writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
+        if start:
+            _truncate_log(out / "metrics.jsonl", start)
+        log = (out / "metrics.jsonl").open("a")
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.policy}", disable=not (progress and main), unit="step")
+    batches, t0, step = iter(loader), time.perf_counter(), start
     try:
         while step < cfg.steps:
-            for batch in loader:
-                batch = _to(batch, device)
+            totals: dict[str, float] = {}
+            for k in range(acc):
+                batch = engine.to_device(next(batches))
                 batch["progress"] = step / cfg.steps
-                losses = policy.loss(batch)
-                opt.zero_grad(set_to_none=True)
-                losses["loss"].backward()
-                if cfg.optim.grad_clip > 0:
-                    torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.optim.grad_clip)
-                opt.step()
-                sched.step()
-                ema.update(policy)
-                step += 1
-                if step % 50 == 0 or step == cfg.steps:
-                    rec = {
-                        "step": step,
-                        "lr": sched.get_last_lr()[0],
-                        **{k: float(v.detach()) for k, v in losses.items()},
-                        "samples_per_s": step * cfg.batch_size / (time.perf_counter() - t0),
-                    }
-                    if val_ds is not None and (step % cfg.val_every == 0 or step == cfg.steps):
-                        rec["val_loss"] = validation_loss(ema.model, val_ds, cfg, device)
+                losses = engine.forward_backward(model, batch, last=k == acc - 1)
+                for name, v in losses.items():
+                    totals[name] = totals.get(name, 0.0) + v.detach() / acc
+            stats = engine.step(opt)
+            sched.step()
+            ema.update(policy)
+            step += 1
+            if step % 50 == 0 or step == cfg.steps:
+                rec = engine.mean_over_ranks({k: float(v) for k, v in totals.items()})
+                rec = {
+                    "step": step,
+                    "lr": sched.get_last_lr()[0],
+                    **rec,
+                    "grad_norm": float(stats["grad_norm"]),
+                    "loss_scale": stats["loss_scale"],
+                    "samples_per_s": (step - start) * cfg.batch_size / (time.perf_counter() - t0),
+                }
+                if val_ds is not None and (step % cfg.val_every == 0 or step == cfg.steps):
+                    rec["val_loss"] = validation_loss(ema.model, val_ds, cfg, engine.device)
+                if main:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     for k, v in rec.items():
                         if k != "step":
                             writer.add_scalar(k, v, step)
-                    bar.set_postfix(loss=f"{rec['loss']:.4f}")
-                    summary = rec
-                bar.update(1)
-                if step >= cfg.steps:
-                    break
+                bar.set_postfix(loss=f"{rec['loss']:.4f}")
+                summary = rec
+            bar.update(1)
+            if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
+                save(step)
+    except KeyboardInterrupt:
+        # Ctrl-C: keep the progress made since the last state (one process only: a collective save needs every
+        # rank, and torchrun stops them all). The RNG has moved past a half-done step, so the resumed run is
+        # valid but not bit-identical to an uninterrupted one.
+        if not engine.dist.enabled and step > start:
+            save(step)
+        raise
     finally:
         bar.close()
-        log.close()
-        writer.close()
+        if main:
+            log.close()
+            writer.close()
+    engine.check_replicas(policy)
+    save(step)
     meta = {
         "env_id": store.attrs["env_id"],
         "dataset": str(cfg.dataset),
         "train_steps": step,
         "train_seconds": time.perf_counter() - t0,
+        "device": str(engine.device),
+        "precision": engine.precision,
+        "world_size": engine.dist.world_size,
     }
-    save_policy(out / "checkpoint", ema.model, meta)
     summary = {**summary, **meta}
+    if not main:
+        return summary
+    save_policy(out / "checkpoint", ema.model, meta)
     if cfg.eval_episodes > 0:
         from dmrl.train.evaluate import evaluate
 
@@ -178,13 +280,22 @@ def validation_loss(
     policy: ChunkPolicy, ds: SequenceDataset, cfg: TrainConfig, device: torch.device, max_batches: int = 8
 ) -> float:
     """Mean loss of ``policy`` over up to ``max_batches`` validation batches, with fixed noise draws."""
-    state = torch.get_rng_state()
-    torch.manual_seed(1234)  # the same diffusion timesteps/noise every time, so curves are comparable
     loader = DataLoader(ds, batch_size=min(cfg.batch_size, len(ds)), shuffle=False)
     losses = []
-    for i, batch in enumerate(loader):
-        if i >= max_batches:
-            break
-        losses.append(float(policy.loss({**_to(batch, device), "progress": 1.0})["loss"]))
-    torch.set_rng_state(state)
+    devices = [device] if device.type != "cpu" else []
+    # fork_rng: the same diffusion timesteps/noise every time (comparable curves) without moving the training
+    # RNG streams, which exact resume depends on.
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        torch.manual_seed(1234)
+        for i, batch in enumerate(loader):
+            if i >= max_batches:
+                break
+            losses.append(float(policy.loss({**_move(batch, device), "progress": 1.0})["loss"]))
     return float(np.mean(losses))
+
+
+def _move(batch: dict, device: torch.device) -> dict:
+    return {
+        k: _move(v, device) if isinstance(v, dict) else v.to(device) if torch.is_tensor(v) else v
+        for k, v in batch.items()
+    }
