@@ -20,8 +20,12 @@ def machine() -> dict:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    import mujoco
+    try:
+        import mujoco
 
+        mujoco_version = mujoco.__version__
+    except ImportError:  # e.g. a GPU box that only runs gpu_check.py
+        mujoco_version = None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -30,7 +34,7 @@ def machine() -> dict:
         "cpu": cpu,
         "cores_available": len(os.sched_getaffinity(0)),
         "python": sys.version.split()[0],
-        "mujoco": mujoco.__version__,
+        "mujoco": mujoco_version,
         "mujoco_gl": os.environ.get("MUJOCO_GL"),
         "platform": platform.platform(),
         "git_commit": commit,
