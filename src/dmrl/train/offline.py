@@ -23,6 +23,7 @@ from dmrl.data import EpisodeStore, SequenceDataset, fit_normalizer, split_episo
 from dmrl.policies import ChunkPolicy, build_policy
 from dmrl.train.checkpoint import save_policy
 from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.engine.device import fork_rng
 from dmrl.train.engine.distributed import barrier
 
 
@@ -185,7 +186,8 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         train_ds,
         batch_sampler=sampler,
         num_workers=cfg.num_workers,
-        pin_memory=engine.device.type != "cpu",
+        multiprocessing_context=engine.worker_start_method if cfg.num_workers else None,
+        pin_memory=engine.pin_memory,
         # Its own generator: starting an iterator draws a worker base seed, which must not come from (and so
         # shift) the global stream that the training noise and a resumed run's restored RNG state share.
         generator=torch.Generator().manual_seed(cfg.seed),
@@ -282,10 +284,9 @@ def validation_loss(
     """Mean loss of ``policy`` over up to ``max_batches`` validation batches, with fixed noise draws."""
     loader = DataLoader(ds, batch_size=min(cfg.batch_size, len(ds)), shuffle=False)
     losses = []
-    devices = [device] if device.type != "cpu" else []
     # fork_rng: the same diffusion timesteps/noise every time (comparable curves) without moving the training
     # RNG streams, which exact resume depends on.
-    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+    with fork_rng(device):
         torch.manual_seed(1234)
         for i, batch in enumerate(loader):
             if i >= max_batches:

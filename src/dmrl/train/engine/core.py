@@ -127,6 +127,16 @@ class Engine:
     def is_main(self) -> bool:
         return self.dist.is_main
 
+    @property
+    def pin_memory(self) -> bool:
+        """Page-locked host batches: faster copies to an accelerator, pointless on CPU."""
+        return self.device.type != "cpu"
+
+    @property
+    def worker_start_method(self) -> str | None:
+        """Start method for DataLoader workers: spawn on NPU (torch_npu does not survive fork), else the default."""
+        return "spawn" if self.device.type == "npu" else None
+
     def prepare(self, model: nn.Module) -> nn.Module:
         """Move ``model`` to the device, apply checkpointing / compile, wrap in DDP when distributed.
 

@@ -106,6 +106,14 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def fork_rng(device: torch.device) -> Iterator[None]:
+    """Draw from torch's RNG (CPU and ``device``) inside the block without moving the streams outside it."""
+    devices = [device] if device.type != "cpu" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        yield
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (every device) from one integer."""
     random.seed(seed)
