@@ -1,0 +1,122 @@
+"""Denoiser ablation: MLP vs FiLM U-Net vs transformer inside the same diffusion policy, at one equal budget.
+
+Run: ``python benchmarks/ablation_denoiser.py --dataset outputs/compare_state/dataset.zarr [--steps N]``.
+Writes benchmarks/results/ablation_denoiser.json and .md. Every run uses the diffusion settings of
+configs/compare_state.yaml (prediction type, DDIM-10, lr) except the denoiser; the budget is given in optimizer
+steps x batch, the same for all three, and smaller than the comparison's by default because the U-Net trains
+~20x slower per sample on these CPUs. Success is on the evaluation seeds (100000..); nothing here was used to
+choose the comparison's settings. Two runs train at a time, each on one thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from _common import machine, write_results
+from dmrl.config import TrainConfig, load_yaml, merge
+
+ROOT = Path(__file__).resolve().parents[1]
+DENOISERS = {
+    "mlp": {"hidden_dim": 512, "n_blocks": 4},
+    "unet": {"down_dims": [64, 128, 256]},
+    "transformer": {"d_model": 128, "n_layers": 4, "n_heads": 4},
+}
+
+
+def _run(cfg: TrainConfig) -> dict:
+    from dmrl.train.offline import train_bc
+
+    return train_bc(cfg, progress=False)
+
+
+def _chunk_ms(run_dir: Path) -> tuple[float, int]:
+    from dmrl.train.checkpoint import load_policy
+
+    torch.set_num_threads(1)
+    policy, _ = load_policy(run_dir / "checkpoint")
+    obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, policy.obs_dims["state"])}
+    times = []
+    for i in range(40):
+        t = time.perf_counter()
+        policy.predict_chunk(obs)
+        if i >= 10:
+            times.append(1e3 * (time.perf_counter() - t))
+    return float(np.median(times)), sum(p.numel() for p in policy.denoiser.parameters())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", type=Path, required=True)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
+    ap.add_argument("--denoisers", nargs="+", default=list(DENOISERS))
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "ablation_denoiser")
+    args = ap.parse_args()
+    preset = load_yaml(args.config)
+    template = merge(TrainConfig(), preset.get("train", {}))
+    lr = float(preset.get("lrs", [template.optim.lr])[-1])
+    runs = {
+        name: merge(
+            template,
+            {
+                "dataset": args.dataset,
+                "out": args.out / name,
+                "policy": "diffusion",
+                "steps": args.steps,
+                "batch_size": args.batch_size,
+                "overwrite": True,
+                "eval_episodes": args.episodes,
+                "eval_envs": 1,
+                "optim": {"lr": lr},
+                "diffusion": {"denoiser": name, "denoiser_kwargs": DENOISERS[name]},
+            },
+        )
+        for name in args.denoisers
+    }
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
+        results = dict(zip(runs, pool.map(_run, runs.values()), strict=True))
+    rows = []
+    for name, res in results.items():
+        ev = res["eval"]
+        ms, params = _chunk_ms(runs[name].out)
+        rows.append(
+            {
+                "denoiser": name,
+                "params": params,
+                "episodes": ev["episodes"],
+                "success_rate": ev["success_rate"],
+                "ci_low": ev["ci_low"],
+                "ci_high": ev["ci_high"],
+                "route_left": ev["route_left"],
+                "route_right": ev["route_right"],
+                "collision_rate": ev["collision_rate"],
+                "train_samples_per_s": res["samples_per_s"],
+                "train_minutes": res["train_seconds"] / 60,
+                "chunk_latency_ms": ms,
+            }
+        )
+        print(rows[-1], flush=True)
+    meta = {
+        **machine(),
+        "command": "python benchmarks/ablation_denoiser.py " + " ".join(sys.argv[1:]),
+        "lr": lr,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "prediction_type": template.diffusion.prediction_type,
+        "note": "two trainings at a time on 2 cores, one thread each; latency at batch 1, one thread, DDIM-10",
+    }
+    write_results("ablation_denoiser", rows, meta, list(rows[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""Replay ring with uniform or proportional prioritized sampling (PER, Schaul et al. 2016), optionally in shared
+memory so spawned collector processes write transitions straight into it.
+
+Who does what with `shared=True`:
+
+  trainer (owner)     ReplayBuffer(spec, config, shared=True); passes buf.handle() to collectors; calls
+                      buf.sync() before sampling, then sample() / update_priorities() after each critic step.
+  collector (spawned) buf = ReplayBuffer.attach(handle); buf.add(batch) ... buf.close().
+
+The data and one int64 counter (items ever written) live in shared memory; every write takes the handle's lock,
+writes the rows, then bumps the counter. The sum tree stays in the owner only: `sync()` reads the counter and
+gives the current max priority to every slot written since the previous sync, so collectors never touch it.
+Sampling does not take the lock, so a row a collector is overwriting at that moment can come back half old and
+half new; like other asynchronous replay designs we accept that (the ring is large and overwrites are rare).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from dmrl.data.replay.shared import SegmentGroup
+from dmrl.data.replay.sumtree import SumTree
+
+Spec = dict[str, tuple[tuple[int, ...], np.dtype]]
+_COUNT = "__count__"  # reserved block name for the items-written counter
+
+
+@dataclass
+class ReplayConfig:
+    """Replay buffer size and prioritized-replay hyper-parameters."""
+
+    capacity: int = 1_000_000
+    """Number of items (transitions or action chunks) kept; the oldest are overwritten first."""
+    prioritized: bool = True
+    """Sample proportionally to (|TD| + eps)^alpha with importance weights; False samples uniformly."""
+    alpha: float = 0.6
+    """Priority exponent: 0 is uniform, 1 fully proportional to |TD| + eps."""
+    beta0: float = 0.4
+    """Importance-weight exponent at the start; annealed linearly to 1 (full correction)."""
+    beta_steps: int = 100_000
+    """Sampling calls over which beta goes from beta0 to 1 (unless sample() is given `progress`)."""
+    eps: float = 1e-6
+    """Added to |TD| so no item's priority is ever zero (it could otherwise never be sampled again)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 1:
+            raise ValueError(f"ReplayConfig.capacity: got {self.capacity!r}; must be an int >= 1")
+        if not self.alpha >= 0:
+            raise ValueError(f"ReplayConfig.alpha: got {self.alpha}; must be >= 0 (0 = uniform)")
+        if not 0 <= self.beta0 <= 1:
+            raise ValueError(f"ReplayConfig.beta0: got {self.beta0}; must be in [0, 1]")
+        if isinstance(self.beta_steps, bool) or not isinstance(self.beta_steps, int) or self.beta_steps < 1:
+            raise ValueError(f"ReplayConfig.beta_steps: got {self.beta_steps!r}; must be an int >= 1")
+        if not self.eps > 0:
+            raise ValueError(f"ReplayConfig.eps: got {self.eps}; must be > 0")
+
+
+@dataclass(frozen=True)
+class ReplayHandle:
+    """What a spawned process needs to `ReplayBuffer.attach`: pass it as a Process/Pool argument (the lock can
+    only travel that way, not through a queue or a file)."""
+
+    spec: dict[str, tuple[tuple[int, ...], str]]  # key -> (per-item shape, dtype string)
+    config: ReplayConfig
+    blocks: dict[str, str]  # key (and the counter) -> shared memory block name
+    lock: Any  # a multiprocessing Lock from a spawn context (or any lock the owner was given)
+
+
+def _check_spec(spec: dict[str, tuple[tuple[int, ...], Any]]) -> Spec:
+    if not spec:
+        raise ValueError("ReplayBuffer spec: got no keys; give e.g. {'obs': ((2, 31), np.float32), ...}")
+    out: Spec = {}
+    for key, entry in spec.items():
+        if not isinstance(key, str) or not key or key == _COUNT:
+            raise ValueError(f"ReplayBuffer spec key: got {key!r}; must be a non-empty str other than {_COUNT!r}")
+        try:
+            shape, dtype = entry
+            shape = tuple(int(d) for d in shape)
+            dtype = np.dtype(dtype)
+        except (TypeError, ValueError):
+            raise ValueError(f"ReplayBuffer spec[{key!r}]: got {entry!r}; must be (shape tuple, numpy dtype)") from None
+        if any(d < 0 for d in shape) or dtype.hasobject:
+            raise ValueError(f"ReplayBuffer spec[{key!r}]: got {shape} {dtype}; need dims >= 0 and a non-object dtype")
+        out[key] = (shape, dtype)
+    return out
+
+
+class ReplayBuffer:
+    """A ring of `capacity` items, each a dict of fixed-shape arrays given by `spec` (key -> (shape, dtype)),
+    e.g. obs (To, S) float32, action (Tp, Da) float32, reward (Ta,) float32, done (Ta,) bool, next_obs (To, S).
+
+    Slot of the i-th item ever written: i % capacity. Only the newest `capacity` items are kept.
+    """
+
+    def __init__(
+        self,
+        spec: dict[str, tuple[tuple[int, ...], Any]],
+        config: ReplayConfig | None = None,
+        shared: bool = False,
+        lock: Any = None,
+    ) -> None:
+        """shared=True puts the arrays in shared memory (see `handle`); `lock` defaults to a spawn-context Lock
+        when shared (a threading.Lock otherwise)."""
+        config = config if config is not None else ReplayConfig()
+        self._setup(_check_spec(spec), config, shared, lock, blocks=None)
+
+    def _setup(self, spec: Spec, config: ReplayConfig, shared: bool, lock: Any, blocks: dict[str, str] | None) -> None:
+        self.spec = spec
+        self.config = config
+        self.capacity = config.capacity
+        self.shared = shared
+        self._owner = blocks is None
+        layout = [(k, (self.capacity, *shape), dtype) for k, (shape, dtype) in spec.items()]
+        layout.append((_COUNT, (1,), np.dtype(np.int64)))
+        segments: SegmentGroup | None = None
+        if shared:
+            segments = SegmentGroup.create(layout) if blocks is None else SegmentGroup.attach(layout, blocks)
+            arrays = {k: a.array for k, a in segments.arrays.items()}
+            self._lock = lock if lock is not None else mp.get_context("spawn").Lock()
+        else:
+            arrays = {k: np.zeros(shape, dtype) for k, shape, dtype in layout}
+            self._lock = lock if lock is not None else threading.Lock()
+        # Views before the segments that back them: if this object is collected, its views go first.
+        self._count: np.ndarray | None = arrays.pop(_COUNT)  # (1,) int64: items ever written
+        self._arrays: dict[str, np.ndarray] = arrays  # key -> (capacity, *shape)
+        self._segments = segments
+        # The sum tree (and so prioritized sampling) exists only in the owner; an attached copy only writes.
+        self._tree = SumTree(self.capacity) if config.prioritized and self._owner else None
+        self._synced = 0  # counter value at the last sync(): slots up to here have a priority
+        self._sample_calls = 0
+
+    # --- shared memory -------------------------------------------------------------------------------------
+
+    def handle(self) -> ReplayHandle:
+        """A picklable description for `attach` in another process (pass it as a Process argument)."""
+        if self._segments is None:
+            raise RuntimeError("ReplayBuffer.handle() needs shared memory; construct it with shared=True")
+        spec = {k: (shape, dtype.str) for k, (shape, dtype) in self.spec.items()}
+        return ReplayHandle(spec=spec, config=self.config, blocks=self._segments.names(), lock=self._lock)
+
+    @classmethod
+    def attach(cls, handle: ReplayHandle) -> ReplayBuffer:
+        """Map the owner's shared ring in this process; the result can `add` (and sample uniformly)."""
+        buf = cls.__new__(cls)
+        buf._setup(_check_spec(handle.spec), handle.config, True, handle.lock, blocks=handle.blocks)
+        return buf
+
+    def close(self) -> None:
+        """Unmap the shared arrays in this process (idempotent); the buffer is unusable afterwards."""
+        self._arrays, self._count = {}, None
+        if self._segments is not None:
+            self._segments.close()
+
+    def unlink(self) -> None:
+        """Owner only: free the shared memory system-wide (also done at exit or GC if forgotten)."""
+        if not self._owner:
+            raise RuntimeError("ReplayBuffer.unlink() is for the process that created the buffer; call close()")
+        if self._segments is not None:
+            self._segments.unlink()
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+        if self._owner:
+            self.unlink()
+
+    # --- counters ------------------------------------------------------------------------------------------
+
+    def _counter(self) -> np.ndarray:
+        if self._count is None:
+            raise RuntimeError("ReplayBuffer is closed; create or attach a new one")
+        return self._count
+
+    @property
+    def n_written(self) -> int:
+        """Items ever written, by any process (monotone)."""
+        return int(self._counter()[0])
+
+    @property
+    def pos(self) -> int:
+        """Slot the next item goes to."""
+        return self.n_written % self.capacity
+
+    def __len__(self) -> int:
+        """Items held: min(n_written, capacity)."""
+        return min(self.n_written, self.capacity)
+
+    # --- writing -------------------------------------------------------------------------------------------
+
+    def add(self, batch: dict[str, np.ndarray]) -> None:
+        """Append N items: batch[k] (N, *spec[k].shape) for every spec key, N >= 0 the same for all keys.
+
+        Wraps around the ring; if N > capacity only the last `capacity` rows are stored. In the owner of a
+        prioritized buffer the new items get the current max priority at once (via `sync`).
+        """
+        count = self._counter()
+        missing = [k for k in self.spec if k not in batch]
+        if missing:
+            raise ValueError(
+                f"ReplayBuffer.add: missing key {missing[0]!r}; batch needs every spec key: {list(self.spec)}"
+            )
+        extra = [k for k in batch if k not in self.spec]
+        if extra:
+            raise ValueError(f"ReplayBuffer.add: unknown key {extra[0]!r}; spec keys are {list(self.spec)}")
+        values = {k: np.asarray(batch[k]) for k in self.spec}
+        lead = values[next(iter(self.spec))]
+        n = lead.shape[0] if lead.ndim else -1  # -1 makes a 0-d value fail the shape check below
+        for k, (shape, dtype) in self.spec.items():
+            v = values[k]
+            if v.shape != (n, *shape):
+                raise ValueError(
+                    f"ReplayBuffer.add[{k!r}]: got shape {v.shape}; must be (N, *{shape}), same N for all keys"
+                )
+            if not np.can_cast(v.dtype, dtype, "same_kind"):
+                raise ValueError(f"ReplayBuffer.add[{k!r}]: got dtype {v.dtype}; must cast to {dtype} (same kind)")
+        if n > 0:
+            with self._lock:
+                start = int(count[0])
+                skip = max(n - self.capacity, 0)  # rows that this very call would overwrite again
+                m = n - skip
+                pos = (start + skip) % self.capacity
+                first = min(m, self.capacity - pos)  # rows before the ring wraps
+                for k, arr in self._arrays.items():
+                    v = values[k][skip:]
+                    arr[pos : pos + first] = v[:first]
+                    arr[: m - first] = v[first:]
+                count[0] = start + n  # last, so a reader that sees the new count also sees the rows
+        if self._tree is not None:
+            self.sync()
+
+    def sync(self) -> int:
+        """Owner: give the current max priority to every slot written since the last sync (by any process).
+        Returns the number of items written since then (can exceed capacity)."""
+        with self._lock:
+            n = int(self._counter()[0])
+        new = n - self._synced
+        if new > 0 and self._tree is not None:
+            slots = np.arange(max(self._synced, n - self.capacity), n, dtype=np.int64) % self.capacity
+            self._tree.update(slots, self._tree.max_value)
+        self._synced = n
+        return new
+
+    # --- sampling ------------------------------------------------------------------------------------------
+
+    def beta(self, progress: float | None = None) -> float:
+        """Importance exponent: beta0 + (1 - beta0) * min(1, progress), progress defaulting to
+        (sampling calls so far) / beta_steps."""
+        if progress is None:
+            progress = self._sample_calls / self.config.beta_steps
+        elif not 0 <= progress <= 1:
+            raise ValueError(f"sample progress: got {progress}; must be in [0, 1] (e.g. step / total_steps)")
+        return self.config.beta0 + (1.0 - self.config.beta0) * min(1.0, progress)
+
+    def sample(
+        self, batch_size: int, rng: np.random.Generator, progress: float | None = None
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+        """Draw B = batch_size items (with replacement): `sample_indices` then `gather`.
+
+        Returns indices (B,) int64 slots (give them back to `update_priorities`), batch {k: (B, *shape)} copies,
+        and importance weights (B,) float32 (see `sample_indices`).
+        """
+        indices, weights = self.sample_indices(batch_size, rng, progress)
+        return indices, self.gather(indices), weights
+
+    def sample_indices(
+        self, batch_size: int, rng: np.random.Generator, progress: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Draw B slots without reading the data: indices (B,) int64 and importance weights (B,) float32.
+
+        Uniform: weights all ones. Prioritized: stratified, [0, total) is cut into B equal segments with one
+        uniform draw in each, so P(i) = p_i^alpha / sum_k p_k^alpha over the N synced items, and
+        w_i = (N P(i))^-beta / max_j w_j (Schaul et al. 2016, Alg. 1). Each call advances beta's schedule.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ValueError(f"sample batch_size: got {batch_size!r}; must be an int >= 1")
+        self._counter()
+        if self.config.prioritized:
+            if self._tree is None:
+                raise RuntimeError("prioritized sample() needs the sum tree, which only the creating process has")
+            total = self._tree.total
+            if not total > 0:
+                raise ValueError("ReplayBuffer.sample: no synced items; add() (or sync() after collectors wrote)")
+            u = (np.arange(batch_size) + rng.random(batch_size)) * (total / batch_size)
+            indices = self._tree.find(u)
+            probs = self._tree.get(indices) / total  # P(i), > 0: find never returns an empty slot
+            # (N P_i)^-beta / max_j (N P_j)^-beta == (P_i / min_j P_j)^-beta: N cancels, and no overflow when
+            # N P_i is tiny.
+            weights = (probs / probs.min()) ** -self.beta(progress)
+        else:
+            size = len(self)
+            if size == 0:
+                raise ValueError("ReplayBuffer.sample: buffer is empty; add() items first")
+            self.beta(progress)  # validates progress the same way in both modes
+            indices = rng.integers(0, size, batch_size, dtype=np.int64)
+            weights = np.ones(batch_size)
+        self._sample_calls += 1
+        return indices, weights.astype(np.float32)
+
+    def gather(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """Rows of slots: indices (B,) int -> {k: (B, *spec[k].shape)} copies (safe to keep after overwrites)."""
+        self._counter()
+        return {k: arr[indices] for k, arr in self._arrays.items()}
+
+    def priorities(self, indices: np.ndarray) -> np.ndarray:
+        """Stored sampling mass p_i^alpha of slots: indices (B,) int -> (B,) float64 (0 for never-synced slots)."""
+        if self._tree is None:
+            raise RuntimeError("priorities() needs the sum tree: a prioritized buffer, in the process that made it")
+        return self._tree.get(indices)
+
+    def update_priorities(self, indices: np.ndarray, td_errors: np.ndarray) -> None:
+        """Set p_i = (|td_i| + eps)^alpha for sampled slots: indices (B,) int64 from `sample`, td_errors (B,)
+        (e.g. the chunk TD error per item, as numpy). A no-op for a uniform buffer, so callers need not branch.
+
+        A slot overwritten since it was sampled gets the old item's priority; PER implementations accept this.
+        """
+        if not self.config.prioritized:
+            return
+        if self._tree is None:
+            raise RuntimeError("update_priorities() needs the sum tree, which only the creating process has")
+        indices = np.asarray(indices)
+        td = np.asarray(td_errors, dtype=np.float64)
+        if td.shape != indices.shape or td.ndim != 1:
+            raise ValueError(f"update_priorities td_errors: got shape {td.shape}; must be (B,) = {indices.shape}")
+        if not np.all(np.isfinite(td)):
+            raise ValueError("update_priorities td_errors: got NaN or inf; check the critic loss before updating")
+        self._tree.update(indices, (np.abs(td) + self.config.eps) ** self.config.alpha)
