@@ -12,11 +12,14 @@ from dmrl.models.denoisers import (
     UNet1DDenoiserConfig,
     build_denoiser,
 )
+from dmrl.models.language import LanguageConfig, LanguageEncoder  # cheap: transformers loads on first build
 
 __all__ = [
     "DENOISERS",
     "Denoiser",
     "DenoiserConfig",
+    "LanguageConfig",
+    "LanguageEncoder",
     "MLPDenoiser",
     "MLPDenoiserConfig",
     "TransformerDenoiser",
