@@ -12,19 +12,43 @@ from dmrl.models.denoisers import (
     UNet1DDenoiserConfig,
     build_denoiser,
 )
+from dmrl.models.fusion import (
+    ConcatFusion,
+    EncoderOutput,
+    MultimodalEncoder,
+    MultimodalEncoderConfig,
+    PerceiverConfig,
+    PerceiverFusion,
+)
 from dmrl.models.language import LanguageConfig, LanguageEncoder  # cheap: transformers loads on first build
+from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
+from dmrl.models.vision import DepthConfig, DepthEncoder, ResNet18GN, ResNetGNConfig, ViTConfig, ViTEncoder
 
 __all__ = [
     "DENOISERS",
+    "ConcatFusion",
     "Denoiser",
     "DenoiserConfig",
+    "DepthConfig",
+    "DepthEncoder",
+    "EncoderOutput",
+    "FrameTokenizer",
     "LanguageConfig",
     "LanguageEncoder",
     "MLPDenoiser",
     "MLPDenoiserConfig",
+    "MultimodalEncoder",
+    "MultimodalEncoderConfig",
+    "PerceiverConfig",
+    "PerceiverFusion",
+    "ProprioTokenizer",
+    "ResNet18GN",
+    "ResNetGNConfig",
     "TransformerDenoiser",
     "TransformerDenoiserConfig",
     "UNet1DDenoiser",
     "UNet1DDenoiserConfig",
+    "ViTConfig",
+    "ViTEncoder",
     "build_denoiser",
 ]

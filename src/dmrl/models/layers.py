@@ -165,3 +165,35 @@ class TransformerBlock(nn.Module):
         x = x + self.drop(self.self_attn(self.norm1(x)))
         x = x + self.drop(self.cross_attn(self.norm2(x), mem, mem_mask))
         return x + self.drop(self.mlp(self.norm3(x)))
+
+
+class Mlp(nn.Module):
+    """Linear -> GELU -> Linear, (..., C) -> (..., C); named fc1/fc2 like timm so ViT checkpoints map by name."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SelfAttentionBlock(nn.Module):
+    """Pre-LayerNorm encoder block (ViT, Perceiver latent layers): x + attn(norm1(x)), then x + mlp(norm2(x)).
+
+    x (B, N, C), mask (B, N) bool (True = valid) or None -> (B, N, C). LayerNorm eps 1e-6 and the parameter
+    names (norm1, attn.q/kv/proj, norm2, mlp.fc1/fc2) follow timm's ViT, so pretrained blocks load one to one.
+    """
+
+    def __init__(self, dim: int, n_heads: int, mlp_ratio: int = 4, fp32: bool = False) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, n_heads, fp32=fp32)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, mlp_ratio * dim)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        x = x + self.attn(self.norm1(x), mask=mask)
+        return x + self.mlp(self.norm2(x))

@@ -1,0 +1,332 @@
+"""Multimodal fusion: Perceiver latents (Jaegle et al. 2021) reading every modality's tokens, the concat-MLP baseline,
+and the MultimodalEncoder that turns an observation dict into condition tokens.
+
+    obs {rgb, depth, joints, force, instruction} -> per-modality tokens (B, N_i, D) + masks (B, N_i)
+        -> fusion -> EncoderOutput(tokens (B, K, D), mask (B, K), pooled (B, D), present {name: (B,) bool})
+
+Masks are True = valid. A masked token never reaches the output, whatever its values (NaN and inf included):
+fusion inputs are replaced by zeros with `where` before any arithmetic, because attention weights of exactly 0
+still turn a NaN value into NaN (0 * NaN) and a NaN key into a NaN logit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dmrl.models.layers import Attention, Mlp, SelfAttentionBlock, pool_tokens, run_block
+from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
+from dmrl.models.vision import DepthConfig, DepthEncoder, ResNet18GN, ResNetGNConfig, ViTConfig, ViTEncoder
+
+MODALITIES = ("rgb", "depth", "joints", "force", "instruction")
+FUSIONS = ("perceiver", "concat")
+
+
+@dataclass
+class PerceiverConfig:
+    """K learned latents cross-attend once to all modality tokens, then self-attend n_layers times."""
+
+    n_latents: int = 32
+    """K: latent tokens, the fixed-size bottleneck handed to the policy."""
+    n_heads: int = 8
+    """Attention heads (the width D must be a multiple)."""
+    n_layers: int = 2
+    """Self-attention layers over the latents after the cross-attention."""
+    mlp_ratio: int = 4
+    """MLP hidden width / D."""
+    attn_fp32: bool = False
+    """Force attention to fp32 with autocast off (see layers.Attention); by default SDPA's fp32 softmax is used."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_latents", "n_heads", "mlp_ratio"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"PerceiverConfig.{key}: got {getattr(self, key)}; allowed a positive integer")
+        if self.n_layers < 0:
+            raise ValueError(f"PerceiverConfig.n_layers: got {self.n_layers}; allowed an integer >= 0")
+
+
+class CrossAttentionBlock(nn.Module):
+    """Latents read the tokens: x (B, K, D), mem (B, M, D), mask (B, M) bool -> (B, K, D), pre-LayerNorm."""
+
+    def __init__(self, dim: int, n_heads: int, mlp_ratio: int, fp32: bool) -> None:
+        super().__init__()
+        self.norm_q = nn.LayerNorm(dim, eps=1e-6)
+        self.norm_kv = nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Attention(dim, n_heads, fp32=fp32)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = Mlp(dim, mlp_ratio * dim)
+
+    def forward(self, x: Tensor, mem: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.attn(self.norm_q(x), self.norm_kv(mem), mask)
+        return x + self.mlp(self.norm2(x))
+
+
+class PerceiverFusion(nn.Module):
+    """tokens (B, M, D), mask (B, M) bool -> (latents (B, K, D), pooled (B, D) = mean over the K latents).
+
+    A learned 'null' token is always appended as valid, so a sample whose every modality is masked still has
+    one key to attend to (no softmax over nothing, no NaN); its output is then a learned constant.
+    """
+
+    def __init__(self, config: PerceiverConfig | None = None, *, dim: int = 256) -> None:
+        super().__init__()
+        c = self.config = config or PerceiverConfig()
+        if dim % c.n_heads:
+            raise ValueError(f"PerceiverFusion: dim {dim} is not divisible by n_heads={c.n_heads}")
+        self.latents = nn.Parameter(torch.zeros(c.n_latents, dim))
+        self.null = nn.Parameter(torch.zeros(1, 1, dim))
+        nn.init.trunc_normal_(self.latents, std=0.02)
+        nn.init.trunc_normal_(self.null, std=0.02)
+        self.cross = CrossAttentionBlock(dim, c.n_heads, c.mlp_ratio, c.attn_fp32)
+        self.blocks = nn.ModuleList(
+            SelfAttentionBlock(dim, c.n_heads, c.mlp_ratio, c.attn_fp32) for _ in range(c.n_layers)
+        )
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.out_dim = dim
+        self.grad_checkpointing = False  # set by the training engine
+
+    def forward(self, tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        b = tokens.shape[0]
+        tokens = torch.where(mask[..., None], tokens, torch.zeros((), dtype=tokens.dtype, device=tokens.device))
+        mem = torch.cat([self.null.expand(b, -1, -1).to(tokens.dtype), tokens], dim=1)  # (B, 1 + M, D)
+        mem_mask = torch.cat([torch.ones_like(mask[:, :1]), mask], dim=1)
+        x = self.latents.expand(b, -1, -1)
+        x = run_block(self.cross, x, mem, mem_mask, checkpoint=self.grad_checkpointing)
+        for block in self.blocks:
+            x = run_block(block, x, checkpoint=self.grad_checkpointing)
+        x = self.norm(x)
+        return x, x.mean(dim=1)
+
+
+class ConcatFusion(nn.Module):
+    """The seed's baseline: mean-pool each modality, concatenate, MLP.
+
+    parts [(tokens (B, N_i, D), mask (B, N_i) bool)] one per modality, in a fixed order -> (tokens (B, 1, D),
+    pooled (B, D)). A modality with no valid token in a sample contributes a learned 'absent' vector and a
+    presence flag of 0 instead of a pooled vector, so the MLP can tell missing from an observation of zeros.
+    """
+
+    def __init__(self, n_modalities: int, dim: int, hidden: int = 512) -> None:
+        super().__init__()
+        if n_modalities < 1 or dim < 1 or hidden < 1:
+            raise ValueError(f"ConcatFusion: need positive sizes; got {n_modalities} modalities, {dim=}, {hidden=}")
+        self.absent = nn.Parameter(torch.zeros(n_modalities, dim))
+        nn.init.trunc_normal_(self.absent, std=0.02)
+        self.net = nn.Sequential(
+            nn.Linear(n_modalities * (dim + 1), hidden), nn.LayerNorm(hidden), nn.Mish(), nn.Linear(hidden, dim)
+        )
+        self.out_dim = dim
+
+    def forward(self, parts: Sequence[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        if len(parts) != self.absent.shape[0]:
+            raise ValueError(f"ConcatFusion: got {len(parts)} modalities; built for {self.absent.shape[0]}")
+        feats = []
+        for i, (tokens, mask) in enumerate(parts):
+            present = mask.any(dim=1, keepdim=True)  # (B, 1)
+            pooled = torch.where(present, pool_tokens(tokens, mask), self.absent[i].to(tokens.dtype))
+            feats += [pooled, present.to(tokens.dtype)]
+        pooled = self.net(torch.cat(feats, dim=-1))
+        return pooled[:, None], pooled
+
+
+@dataclass
+class EncoderOutput:
+    """What the policy conditions on."""
+
+    tokens: Tensor
+    """(B, K, D) condition tokens (K = n_latents for the Perceiver, 1 for concat)."""
+    mask: Tensor
+    """(B, K) bool, True = valid (all True: fusion outputs are never padding)."""
+    pooled: Tensor
+    """(B, D) one condition vector."""
+    present: dict[str, Tensor]
+    """{modality: (B,) bool}: the modality reached the fusion for that sample (in obs, not masked, not dropped)."""
+
+
+@dataclass
+class MultimodalEncoderConfig:
+    """Per-modality encoders + fusion. Shared geometry (dim, image_size, n_cameras, n_obs_steps) is set here once."""
+
+    modalities: tuple[str, ...] = ("rgb", "depth", "joints", "force")
+    """Any non-empty subset of rgb, depth, joints, force, instruction (instruction needs a text encoder)."""
+    dim: int = 256
+    """D: width of every token and of the output."""
+    n_obs_steps: int = 2
+    """To: observation frames per sample."""
+    image_size: tuple[int, int] = (64, 64)
+    """(H, W) of rgb and depth frames."""
+    n_cameras: int = 1
+    """Cameras stacked on channels: rgb (3 * n_cameras, H, W), depth (n_cameras, H, W)."""
+    joints_dim: int = 6
+    """J: joint readings per frame (MultiPath: 5 joints + suction flag)."""
+    force_dim: int = 4
+    """F: force readings per frame (MultiPath: 4)."""
+    rgb_encoder: str = "vit"
+    """vit (ViTEncoder, config in `vit`) or resnet (ResNet18GN with spatial softmax, config in `resnet`)."""
+    vit: ViTConfig = field(default_factory=ViTConfig)
+    resnet: ResNetGNConfig = field(default_factory=ResNetGNConfig)
+    depth: DepthConfig = field(default_factory=DepthConfig)
+    fusion: str = "perceiver"
+    """perceiver (K latent tokens, config in `perceiver`) or concat (pooled + MLP, the seed's baseline)."""
+    perceiver: PerceiverConfig = field(default_factory=PerceiverConfig)
+    concat_hidden: int = 512
+    """Hidden width of the concat fusion's MLP."""
+    modality_dropout: float = 0.0
+    """Training only: per sample, each modality is masked out with this probability; one always stays."""
+
+    def __post_init__(self) -> None:
+        chosen = tuple(self.modalities)
+        bad = [m for m in chosen if m not in MODALITIES]
+        if not chosen or bad or len(set(chosen)) != len(chosen):
+            raise ValueError(
+                f"MultimodalEncoderConfig.modalities: got {chosen}; allowed distinct names of {MODALITIES}"
+            )
+        self.modalities = tuple(m for m in MODALITIES if m in chosen)  # canonical order: token layout is fixed
+        self.image_size = tuple(self.image_size)  # type: ignore[assignment]
+        for key in ("dim", "n_obs_steps", "n_cameras", "joints_dim", "force_dim", "concat_hidden"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"MultimodalEncoderConfig.{key}: got {getattr(self, key)}; allowed an integer >= 1")
+        if self.rgb_encoder not in ("vit", "resnet"):
+            raise ValueError(f"MultimodalEncoderConfig.rgb_encoder: got {self.rgb_encoder!r}; allowed vit or resnet")
+        if self.fusion not in FUSIONS:
+            raise ValueError(f"MultimodalEncoderConfig.fusion: got {self.fusion!r}; allowed {' or '.join(FUSIONS)}")
+        if not 0.0 <= self.modality_dropout < 1.0:
+            raise ValueError(f"MultimodalEncoderConfig.modality_dropout: got {self.modality_dropout}; allowed [0, 1)")
+
+
+def drop_modalities(keep: Tensor, p: float) -> Tensor:
+    """Modality dropout: keep (B, n) bool -> keep with each True entry dropped with probability p, except that a
+    sample which had any modality keeps at least one (a random one of those it had). Branch-free."""
+    dropped = keep & ~(torch.rand(keep.shape, device=keep.device) < p)
+    score = torch.where(keep, torch.rand(keep.shape, device=keep.device), -1.0)
+    rescue = F.one_hot(score.argmax(dim=1), keep.shape[1]).bool() & keep  # one random available modality
+    return dropped | (rescue & ~dropped.any(dim=1, keepdim=True))
+
+
+class MultimodalEncoder(nn.Module):
+    """Observation dict -> EncoderOutput: per-modality tokens of width D, concatenated with masks, then fused.
+
+    obs: rgb uint8 (B, To, 3 * n_cams, H, W), depth float32 (B, To, n_cams, H, W) metres, joints (B, To, J)
+    and force (B, To, F) already normalised, instruction a list of B strings. Other keys are ignored.
+    A configured modality missing from obs is masked out for every sample (its slot holds masked zeros, so the
+    fusion input keeps its shape); `present` {name: (B,) bool} masks single samples. Either way the output is
+    what it would be for any other values of that modality: missing is never zero-filled data.
+    text_encoder: for `instruction`, a module mapping list[str] -> (tokens (B, L, D_text), mask (B, L) bool)
+    with an `out_dim` attribute (models.language.LanguageEncoder); its tokens are projected to D here.
+    """
+
+    def __init__(self, config: MultimodalEncoderConfig | None = None, text_encoder: nn.Module | None = None) -> None:
+        super().__init__()
+        c = self.config = config or MultimodalEncoderConfig()
+        d, to = c.dim, c.n_obs_steps
+        geometry = {"out_dim": d, "image_size": c.image_size, "n_cameras": c.n_cameras}
+        self.frames = nn.ModuleDict()
+        if "rgb" in c.modalities:
+            rgb = ViTEncoder(c.vit, **geometry) if c.rgb_encoder == "vit" else ResNet18GN(c.resnet, **geometry)
+            self.frames["rgb"] = FrameTokenizer(rgb, to)
+        if "depth" in c.modalities:
+            self.frames["depth"] = FrameTokenizer(DepthEncoder(c.depth, **geometry), to)
+        low = {k: getattr(c, f"{k}_dim") for k in ("joints", "force") if k in c.modalities}
+        self.proprio = ProprioTokenizer(low, to, d) if low else None
+        # Token count per modality, for the masked placeholder of a missing one. An instruction's length is
+        # only known once tokenized, so its placeholder is a single masked token.
+        self.n_tokens = {k: m.n_tokens for k, m in self.frames.items()} | dict.fromkeys(low, to)
+        self.text_encoder = None
+        if "instruction" in c.modalities:
+            if text_encoder is None:
+                raise ValueError("MultimodalEncoder: modality 'instruction' needs text_encoder= (a LanguageEncoder)")
+            self.text_encoder = text_encoder
+            self.text_proj = nn.Linear(int(text_encoder.out_dim), d)
+            self.text_embed = nn.Parameter(torch.zeros(d))  # modality embedding (an instruction has no frames)
+            nn.init.trunc_normal_(self.text_embed, std=0.02)
+            self.n_tokens["instruction"] = 1
+        elif text_encoder is not None:
+            raise ValueError("MultimodalEncoder: text_encoder given but 'instruction' is not in config.modalities")
+        self.fusion: nn.Module = (
+            PerceiverFusion(c.perceiver, dim=d)
+            if c.fusion == "perceiver"
+            else ConcatFusion(len(c.modalities), d, c.concat_hidden)
+        )
+        self.out_dim = d
+
+    def _batch_size(self, obs: Mapping[str, Tensor | Sequence[str]]) -> int:
+        sizes = {k: len(v) if isinstance(v, list | tuple) else v.shape[0] for k, v in obs.items() if k in self.n_tokens}
+        if not sizes:
+            raise ValueError(f"MultimodalEncoder: obs has none of {self.config.modalities}; got keys {sorted(obs)}")
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"MultimodalEncoder: batch sizes differ across modalities: {sizes}")
+        return next(iter(sizes.values()))
+
+    def _encode(self, name: str, value: Tensor | Sequence[str]) -> tuple[Tensor, Tensor]:
+        """One modality -> (tokens (B, N, D), mask (B, N) bool)."""
+        if name == "instruction":
+            assert self.text_encoder is not None
+            if isinstance(value, str) or not all(isinstance(s, str) for s in value):
+                raise ValueError("MultimodalEncoder: instruction must be a list of B strings")
+            tokens, mask = self.text_encoder(list(value))
+            return self.text_proj(tokens) + self.text_embed, mask.to(torch.bool)
+        assert isinstance(value, Tensor)
+        if name in self.frames:
+            if value.ndim != 5:
+                raise ValueError(
+                    f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, To, C, H, W)"
+                )
+            tokens = self.frames[name](value)
+        else:
+            assert self.proprio is not None
+            tokens = self.proprio(name, value)
+        return tokens, torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device)
+
+    @staticmethod
+    def _blank(value: Tensor | Sequence[str], flags: Tensor | None) -> Tensor | Sequence[str]:
+        """Zero the raw values of samples the caller masked. The fusion never sees them either way, but a NaN
+        there would still reach the encoder's weight gradients as 0 * NaN."""
+        if flags is None or not isinstance(value, Tensor):
+            return value
+        keep = flags.to(device=value.device, dtype=torch.bool).view(-1, *([1] * (value.ndim - 1)))
+        return torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
+
+    def forward(
+        self, obs: Mapping[str, Tensor | Sequence[str]], present: Mapping[str, Tensor] | None = None
+    ) -> EncoderOutput:
+        c, present = self.config, present or {}
+        unknown = sorted(set(present) - set(c.modalities))
+        if unknown:
+            raise ValueError(f"MultimodalEncoder: present names {unknown} are not configured modalities {c.modalities}")
+        b = self._batch_size(obs)
+        for name, flags in present.items():
+            if tuple(flags.shape) != (b,):
+                raise ValueError(
+                    f"MultimodalEncoder: present[{name!r}] has shape {tuple(flags.shape)}; expected ({b},)"
+                )
+        encoded = {k: self._encode(k, self._blank(obs[k], present.get(k))) for k in c.modalities if k in obs}
+        ref = next(iter(encoded.values()))[0]
+        parts, avail = [], []
+        for name in c.modalities:
+            if name in encoded:
+                tokens, mask = encoded[name]
+                ok = present[name].to(device=ref.device, dtype=torch.bool) if name in present else mask.new_ones(b)
+            else:
+                tokens = ref.new_zeros(b, self.n_tokens[name], c.dim)
+                mask = torch.zeros(b, self.n_tokens[name], dtype=torch.bool, device=ref.device)
+                ok = mask.new_zeros(b)
+            parts.append((tokens.to(ref.dtype), mask))
+            avail.append(ok)
+        keep = torch.stack(avail, dim=1)  # (B, n_modalities)
+        if self.training and c.modality_dropout > 0:
+            keep = drop_modalities(keep, c.modality_dropout)
+        parts = [(t, m & keep[:, i, None]) for i, (t, m) in enumerate(parts)]
+        if isinstance(self.fusion, PerceiverFusion):
+            tokens, pooled = self.fusion(torch.cat([t for t, _ in parts], 1), torch.cat([m for _, m in parts], 1))
+        else:
+            tokens, pooled = self.fusion(parts)
+        return EncoderOutput(
+            tokens=tokens,
+            mask=torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device),
+            pooled=pooled,
+            present={name: parts[i][1].any(dim=1) for i, name in enumerate(c.modalities)},
+        )
