@@ -21,12 +21,12 @@ from dmrl.train.evaluate import measure_latency
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=Path, required=True)
+    ap.add_argument("--runs", type=Path, nargs="+", required=True, help="directories holding */checkpoint")
     ap.add_argument("--steps", type=int, default=400)
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
-    for ckpt in sorted(args.runs.glob("*/checkpoint")):
+    for ckpt in sorted(c for runs in args.runs for c in runs.glob("*/checkpoint")):
         policy, meta = load_policy(ckpt)
         act_med, act_p95 = measure_latency(policy, meta["env_id"], steps=args.steps)
         obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, policy.obs_dims["state"])}
@@ -38,7 +38,7 @@ def main() -> None:
                 times.append((time.perf_counter() - t) * 1e3)
         rows.append(
             {
-                "run": ckpt.parent.name,
+                "run": f"{ckpt.parent.parent.name}/{ckpt.parent.name}",
                 "policy": policy.name,
                 "act_ms_median": act_med,
                 "act_ms_p95": act_p95,
@@ -47,7 +47,12 @@ def main() -> None:
             }
         )
         print(rows[-1], flush=True)
-    meta = {**machine(), "command": f"python benchmarks/latency.py --runs {args.runs}", "threads": 1, "batch": 1}
+    meta = {
+        **machine(),
+        "command": "python benchmarks/latency.py --runs " + " ".join(map(str, args.runs)),
+        "threads": 1,
+        "batch": 1,
+    }
     write_results("latency", rows, meta, list(rows[0]))
 
 
