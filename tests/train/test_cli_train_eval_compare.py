@@ -149,6 +149,6 @@ def test_demo_preset_is_valid_and_matches_the_yaml():
     from dmrl.train.compare import QUICK, CompareConfig
 
     quick = merge(CompareConfig(), QUICK)
-    assert quick.eval_episodes >= 100 and quick.train.diffusion.prediction_type == "hybrid"
+    assert quick.eval_episodes >= 100 and quick.train.diffusion.prediction_type == "sample"
     yaml_path = Path(__file__).resolve().parents[2] / "configs" / "compare_quick.yaml"
     assert merge(CompareConfig(), load_yaml(yaml_path)) == quick

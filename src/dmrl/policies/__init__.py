@@ -13,11 +13,16 @@ POLICIES: dict[str, tuple[type[ChunkPolicy], type]] = {
 }
 
 
-def build_policy(name: str, chunk: ChunkConfig, config, obs_dims: dict[str, int], action_dim: int, normalizer=None):
-    """POLICIES[name] built from its config; an unknown name is a one-line error."""
+def build_policy(
+    name: str, chunk: ChunkConfig, config, obs_dims: dict, action_dim: int, normalizer=None, text_encoder=None
+):
+    """POLICIES[name] built from its config; an unknown name is a one-line error.
+
+    obs_dims {vector key: length, frame key: (C, H, W)}; text_encoder: optional prebuilt LanguageEncoder to share.
+    """
     if name not in POLICIES:
         raise ValueError(f"policy: got {name!r}; allowed: {', '.join(POLICIES)}")
-    return POLICIES[name][0](chunk, config, obs_dims, action_dim, normalizer)
+    return POLICIES[name][0](chunk, config, obs_dims, action_dim, normalizer, text_encoder)
 
 
 __all__ = [

@@ -1,11 +1,16 @@
-"""What every policy shares: normalisation inside the module, To-frame history and a Ta-step action queue.
+"""What every policy shares: normalisation inside the module, the observation encoder, To-frame history and a
+Ta-step action queue.
 
 A policy maps raw observations to raw actions: statistics are buffers of the module, so they travel in
 the checkpoint and ``act`` needs nothing else (Diffusion Policy's interface, receding-horizon execution).
+Only vector keys (joints, force, state) and actions are normalised here: rgb goes to the ViT / ResNet as uint8
+(they scale to [0, 1] and apply their own mean/std), depth in metres goes to the DepthEncoder (it clamps and
+rescales), and instructions are tokenized by the text encoder. Normalising them here as well would do it twice.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,15 +18,31 @@ import torch
 from torch import Tensor, nn
 
 from dmrl.data import Normalizer
+from dmrl.models.fusion import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
+from dmrl.models.language import LanguageConfig
 from dmrl.models.proprio import LowDimEncoder, LowDimEncoderConfig
+from dmrl.policies.observations import (
+    VECTOR_KEYS,
+    ObsDim,
+    build_encoder,
+    check_obs_keys,
+    checked_obs_dims,
+    roll_history,
+    select,
+    step_tensors,
+)
 
 
 @dataclass
 class ChunkConfig:
-    """Observation/action horizons and the data a policy is built for (shared by all policies)."""
+    """Observation/action horizons, the observation keys and their encoder (shared by all policies)."""
 
     obs_keys: tuple[str, ...] = ("state",)
-    """Low-dim observation keys the encoder reads (the multimodal encoder adds images and text)."""
+    """Observation keys the policy reads: joints, force, state (lowdim); rgb, depth, joints, force, instruction
+    (multimodal)."""
+    encoder_type: str = "lowdim"
+    """lowdim (MLP over the concatenated vector keys, config in `encoder`) or multimodal (per-modality tokens +
+    fusion, config in `multimodal`; `language` too when instruction is a key)."""
     n_obs_steps: int = 2
     """To: observation frames the policy conditions on."""
     horizon: int = 16
@@ -29,9 +50,15 @@ class ChunkConfig:
     n_action_steps: int = 8
     """Ta: actions executed from each chunk before replanning (receding horizon)."""
     encoder: LowDimEncoderConfig = field(default_factory=LowDimEncoderConfig)
+    multimodal: MultimodalEncoderConfig = field(default_factory=MultimodalEncoderConfig)
+    """Multimodal encoder. Its modalities, n_obs_steps, image_size, n_cameras, joints_dim and force_dim are
+    replaced by obs_keys, To and the dataset's shapes when the policy is built (a checkpoint keeps the result)."""
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    """Instruction encoder (MiniLM), used when instruction is among obs_keys."""
 
     def __post_init__(self) -> None:
         self.obs_keys = tuple(self.obs_keys)
+        check_obs_keys(self.obs_keys, self.encoder_type)
         if not (
             1 <= self.n_obs_steps <= self.horizon and 1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1
         ):
@@ -65,28 +92,63 @@ class NormalizerModule(nn.Module):
 class ChunkPolicy(nn.Module):
     """Base of the action-chunk policies. Subclasses implement ``loss`` and ``_sample_chunk``.
 
-    Batches (from :class:`dmrl.data.SequenceDataset`): ``obs`` {key: (B, To, dim)}, ``action`` (B, Tp, Da),
-    ``action_mask`` (B, Tp) bool. ``act`` takes one env step of observations, {key: (B, dim)} or (dim,),
-    and returns (B, Da) or (Da,) actions in the env's units, clipped to [-1, 1].
+    Batches (from :class:`dmrl.data.SequenceDataset`): ``obs`` {key: (B, To, ...)} raw (rgb uint8 (B, To, 3V, H, W),
+    depth (B, To, V, H, W) metres, vectors (B, To, dim), instruction a list of B str), ``action`` (B, Tp, Da),
+    ``action_mask`` (B, Tp) bool. ``act`` takes one env step of observations, {key: (B, ...)} or unbatched, and
+    returns (B, Da) or (Da,) actions in the env's units, clipped to [-1, 1].
+
+    obs_dims: {vector key: length, frame key: (C, H, W)} (see policies.observations); text_encoder: a prebuilt
+    LanguageEncoder(chunk.language) to use instead of building one (it is slow to load; tests share one).
     """
 
     name = "base"
 
-    def __init__(self, chunk: ChunkConfig, obs_dims: dict[str, int], action_dim: int, normalizer: Normalizer | None):
+    def __init__(
+        self,
+        chunk: ChunkConfig,
+        obs_dims: Mapping[str, ObsDim],
+        action_dim: int,
+        normalizer: Normalizer | None,
+        text_encoder: nn.Module | None = None,
+    ):
         super().__init__()
-        self.chunk = chunk
-        self.obs_dims = {k: int(obs_dims[k]) for k in chunk.obs_keys}
+        self.obs_dims = checked_obs_dims(obs_dims, chunk.obs_keys)
         self.action_dim = action_dim
+        self.vector_keys = tuple(k for k in chunk.obs_keys if k in VECTOR_KEYS)
+        vector_dims = {k: int(self.obs_dims[k]) for k in self.vector_keys}  # type: ignore[call-overload]
         self.normalizer = NormalizerModule(
-            normalizer, (*chunk.obs_keys, "actions"), {**self.obs_dims, "actions": action_dim}
+            normalizer, (*self.vector_keys, "actions"), {**vector_dims, "actions": action_dim}
         )
-        self.encoder = LowDimEncoder(self.obs_dims, chunk.n_obs_steps, chunk.encoder)
+        # The resolved chunk (multimodal geometry read off obs_dims) is what the checkpoint stores: the policy
+        # rebuilds from it without the dataset.
+        self.encoder: LowDimEncoder | MultimodalEncoder
+        self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
+        self.chunk = chunk
         self.reset()
 
     # ------------------------------------------------------------------ training side
-    def encode(self, obs: dict[str, Tensor]) -> Tensor:
-        """Raw obs {key: (B, To, dim)} -> condition (B, D)."""
-        return self.encoder({k: self.normalizer.normalize(k, obs[k].float()) for k in self.chunk.obs_keys})
+    def encode_tokens(self, obs: Mapping[str, Tensor | list[str]]) -> EncoderOutput:
+        """Raw obs {key: (B, To, ...)} -> EncoderOutput: tokens (B, K, D), mask (B, K), pooled (B, D).
+
+        The lowdim encoder gives K = 1 (its vector as the single token) and needs every key. The multimodal encoder
+        masks a key absent from ``obs`` (a dropped modality) instead of reading it as zeros.
+        """
+        inputs = {k: obs[k] for k in self.chunk.obs_keys if k in obs}
+        for k in self.vector_keys:
+            if k in inputs:
+                inputs[k] = self.normalizer.normalize(k, inputs[k].float())  # type: ignore[union-attr]
+        if isinstance(self.encoder, LowDimEncoder):
+            cond = self.encoder(inputs)
+            return EncoderOutput(cond[:, None], cond.new_ones(cond.shape[0], 1, dtype=torch.bool), cond, {})
+        return self.encoder(inputs)
+
+    def encode(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
+        """Raw obs {key: (B, To, ...)} -> pooled condition (B, D)."""
+        return self.encode_tokens(obs).pooled
+
+    def condition(self, obs: Mapping[str, Tensor | list[str]]) -> tuple[Tensor, Tensor | None]:
+        """Raw obs -> what the action head reads: (cond (B, D), None) here; token policies return (B, K, D), mask."""
+        return self.encode(obs), None
 
     def loss(self, batch: dict) -> dict[str, Tensor]:
         """Training losses {"loss": scalar, ...diagnostics}, computed in fp32 even under autocast."""
@@ -96,21 +158,21 @@ class ChunkPolicy(nn.Module):
         """The same as ``loss``: calling the module is what DDP's gradient hooks and torch.compile act on."""
         return self.loss(batch)
 
-    def _sample_chunk(self, cond: Tensor) -> Tensor:
-        """cond (B, D) -> normalised action chunk (B, Tp, Da)."""
+    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
+        """cond (B, D) or (B, K, D), cond_mask (B, K) bool or None -> normalised action chunk (B, Tp, Da)."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def predict_chunk(self, obs: dict[str, Tensor]) -> Tensor:
-        """Raw obs {key: (B, To, dim)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
-        chunk = self._sample_chunk(self.encode(obs))
+    def predict_chunk(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
+        """Raw obs {key: (B, To, ...)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
+        chunk = self._sample_chunk(*self.condition(obs))
         return self.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
 
     # ------------------------------------------------------------------ acting side
     def reset(self, mask: np.ndarray | None = None) -> None:
         """Forget history and queued actions, for all envs or those where ``mask`` (B,) is True."""
         if mask is None or getattr(self, "_hist", None) is None:
-            self._hist: dict[str, Tensor] | None = None
+            self._hist: dict[str, Tensor | list[str]] | None = None
             self._queue: Tensor | None = None
             self._qpos: np.ndarray | None = None
             self._fresh: np.ndarray | None = None
@@ -119,31 +181,30 @@ class ChunkPolicy(nn.Module):
         self._qpos[mask] = self.chunk.n_action_steps
 
     @torch.no_grad()
-    def act(self, obs: dict) -> np.ndarray:
-        single = np.asarray(obs[self.chunk.obs_keys[0]]).ndim == 1
+    def act(self, obs: Mapping[str, object]) -> np.ndarray:
+        """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,). Keys missing from ``obs`` are
+        left out (a multimodal policy masks them; the lowdim one raises)."""
+        keys = [k for k in self.chunk.obs_keys if k in obs]
+        if not keys:
+            raise KeyError(f"act: obs has none of the policy's keys {list(self.chunk.obs_keys)}; got {sorted(obs)}")
         device = next(self.parameters()).device
-        step = {k: torch.as_tensor(np.asarray(obs[k]), dtype=torch.float32, device=device) for k in self.chunk.obs_keys}
-        if single:
-            step = {k: v[None] for k, v in step.items()}
-        b = next(iter(step.values())).shape[0]
+        step, single = step_tensors(obs, keys, device)
+        first = step[keys[0]]
+        b = len(first) if isinstance(first, list) else first.shape[0]
         to, ta = self.chunk.n_obs_steps, self.chunk.n_action_steps
-        if self._hist is None or next(iter(self._hist.values())).shape[0] != b:
-            self._hist = {k: v[:, None].repeat(1, to, 1) for k, v in step.items()}
+        if self._hist is None or self._qpos is None or len(self._qpos) != b or set(self._hist) != set(step):
+            self._hist = None  # new batch size or key set: every env starts a fresh history
             self._queue = torch.zeros(b, ta, self.action_dim, device=device)
             self._qpos = np.full(b, ta)
             self._fresh = np.zeros(b, dtype=bool)
-        fresh = torch.as_tensor(self._fresh, device=device)
-        for k, v in step.items():
-            # A fresh episode fills its history with the first frame repeated (the data's padding).
-            rolled = torch.cat([self._hist[k][:, 1:], v[:, None]], dim=1)
-            self._hist[k] = torch.where(fresh[:, None, None], v[:, None].expand_as(rolled), rolled)
+        assert self._queue is not None and self._fresh is not None
+        self._hist = roll_history(self._hist, step, torch.as_tensor(self._fresh, device=device), to)
         self._fresh[:] = False
         need = np.flatnonzero(self._qpos >= ta)
         if len(need):
-            idx = torch.as_tensor(need, device=device)
-            chunk = self.predict_chunk({k: h[idx] for k, h in self._hist.items()})
+            chunk = self.predict_chunk(select(self._hist, need))
             # The chunk starts at the oldest observed frame: action To-1 is the one for the current step.
-            self._queue[idx] = chunk[:, to - 1 : to - 1 + ta]
+            self._queue[torch.as_tensor(need, device=device)] = chunk[:, to - 1 : to - 1 + ta]
             self._qpos[need] = 0
         action = self._queue[torch.arange(b, device=device), torch.as_tensor(self._qpos, device=device)]
         self._qpos += 1

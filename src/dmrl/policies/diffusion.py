@@ -6,11 +6,12 @@ weighting); the denoiser and the sampler come from :mod:`dmrl.models.denoisers` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 import yaml
-from torch import Tensor
+from torch import Tensor, nn
 
 from dmrl.data import Normalizer
 from dmrl.diffusion import (
@@ -24,6 +25,7 @@ from dmrl.diffusion import (
 )
 from dmrl.models import DENOISERS, build_denoiser
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
+from dmrl.policies.observations import ObsDim
 
 SAMPLE_HEADS = ("both", "eps", "x0", "blend")
 
@@ -86,12 +88,13 @@ class DiffusionPolicy(ChunkPolicy):
         self,
         chunk: ChunkConfig,
         config: DiffusionPolicyConfig,
-        obs_dims: dict[str, int],
+        obs_dims: Mapping[str, ObsDim],
         action_dim: int,
         normalizer: Normalizer | None = None,
+        text_encoder: nn.Module | None = None,
     ):
         self.config = config
-        super().__init__(chunk, obs_dims, action_dim, normalizer)
+        super().__init__(chunk, obs_dims, action_dim, normalizer, text_encoder)
         out_mult = output_dim(config.prediction_type, action_dim) // action_dim
         self.denoiser = build_denoiser(
             config.denoiser,
@@ -130,9 +133,9 @@ class DiffusionPolicy(ChunkPolicy):
 
     def loss(self, batch: dict) -> dict[str, Tensor]:
         x0 = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
-        cond = self.encode(batch["obs"])  # (B, D)
+        cond, cond_mask = self.condition(batch["obs"])  # (B, D), None or (B, K, D), (B, K)
         t, noise, x_t = sample_training_inputs(self.schedule, x0)
-        model_out = self.denoiser(x_t, t, cond).float()  # the loss in fp32 under autocast
+        model_out = self.denoiser(x_t, t, cond, cond_mask).float()  # the loss in fp32 under autocast
         weights = None
         if self.config.prediction_type == "hybrid":
             weights = self.config.hybrid.weights(float(batch.get("progress", 0.0)))
@@ -148,23 +151,34 @@ class DiffusionPolicy(ChunkPolicy):
             hybrid_weights=weights,
         )
 
-    def _sample_chunk(self, cond: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    def condition(self, obs: Mapping[str, Tensor | list[str]]) -> tuple[Tensor, Tensor | None]:
+        """The transformer denoiser cross-attends to the multimodal tokens (B, K, D) + mask (B, K); the MLP and
+        U-Net take the pooled (B, D) vector (they would mean-pool the tokens anyway), as does every denoiser under
+        the lowdim encoder (its one vector)."""
+        if self.config.denoiser == "transformer" and self.chunk.encoder_type == "multimodal":
+            enc = self.encode_tokens(obs)
+            return enc.tokens, enc.mask
+        return self.encode(obs), None
+
+    def _sample_chunk(
+        self, cond: Tensor, cond_mask: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         da = self.action_dim
         shape = (cond.shape[0], self.chunk.horizon, da)
         if self._head == "blend":
             return self.sampler.sample(
-                lambda x, t: self._blended_eps(x, t, cond), shape, generator=generator, device=cond.device
+                lambda x, t: self._blended_eps(x, t, cond, cond_mask), shape, generator=generator, device=cond.device
             )
         # A hybrid output is [eps head | x0 head] on the last dim; one head alone is a plain eps / x0 model.
         head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
         return self.sampler.sample(
-            lambda x, t: self.denoiser(x, t, cond)[..., head], shape, generator=generator, device=cond.device
+            lambda x, t: self.denoiser(x, t, cond, cond_mask)[..., head], shape, generator=generator, device=cond.device
         )
 
-    def _blended_eps(self, x: Tensor, t: Tensor, cond: Tensor) -> Tensor:
+    def _blended_eps(self, x: Tensor, t: Tensor, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         """Noise estimate (B, Tp, Da) from the x0 head at high noise (t >= T/2) and the ε head below it."""
         da = self.action_dim
-        out = self.denoiser(x, t, cond)
+        out = self.denoiser(x, t, cond, cond_mask)
         eps_head, x0_head = out[..., :da], out[..., da:].clamp(-1.0, 1.0)
         s0 = self.schedule.sqrt_alphas_cumprod[t][:, None, None]
         s1 = self.schedule.sqrt_one_minus_alphas_cumprod[t][:, None, None]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dmrl.data import Normalizer
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+from dmrl.policies.observations import ObsDim
 
 
 @dataclass
@@ -33,12 +35,13 @@ class GaussianPolicy(ChunkPolicy):
         self,
         chunk: ChunkConfig,
         config: GaussianPolicyConfig,
-        obs_dims: dict[str, int],
+        obs_dims: Mapping[str, ObsDim],
         action_dim: int,
         normalizer: Normalizer | None = None,
+        text_encoder: nn.Module | None = None,
     ):
         self.config = config
-        super().__init__(chunk, obs_dims, action_dim, normalizer)
+        super().__init__(chunk, obs_dims, action_dim, normalizer, text_encoder)
         self.flat = chunk.horizon * action_dim
         self.head = ResidualMLP(self.encoder.out_dim, 2 * self.flat, config.hidden, config.depth)
 
@@ -57,5 +60,5 @@ class GaussianPolicy(ChunkPolicy):
         mse = masked_mean(((target - mean) ** 2).mean(-1), batch.get("action_mask"))
         return {"loss": loss, "mse": mse.detach()}
 
-    def _sample_chunk(self, cond: Tensor) -> Tensor:
+    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         return self._dist(cond)[0]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from dmrl.data import Normalizer
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+from dmrl.policies.observations import ObsDim
 
 TEST_Z = ("sample", "zero")
 
@@ -39,12 +41,13 @@ class VAEPolicy(ChunkPolicy):
         self,
         chunk: ChunkConfig,
         config: VAEPolicyConfig,
-        obs_dims: dict[str, int],
+        obs_dims: Mapping[str, ObsDim],
         action_dim: int,
         normalizer: Normalizer | None = None,
+        text_encoder: nn.Module | None = None,
     ):
         self.config = config
-        super().__init__(chunk, obs_dims, action_dim, normalizer)
+        super().__init__(chunk, obs_dims, action_dim, normalizer, text_encoder)
         d, flat = self.encoder.out_dim, chunk.horizon * action_dim
         self.flat = flat
         self.posterior = ResidualMLP(d + flat, 2 * config.latent_dim, config.hidden, config.depth)
@@ -62,7 +65,7 @@ class VAEPolicy(ChunkPolicy):
         kl = 0.5 * (mu**2 + logvar.exp() - 1.0 - logvar).sum(-1).mean()
         return {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}
 
-    def _sample_chunk(self, cond: Tensor) -> Tensor:
+    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         z = torch.zeros(cond.shape[0], self.config.latent_dim, device=cond.device)
         if self.config.test_z == "sample":
             z = torch.randn_like(z)

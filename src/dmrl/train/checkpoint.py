@@ -1,10 +1,16 @@
-"""Policy checkpoints: weights (normaliser included) in safetensors + a JSON config; written atomically."""
+"""Policy checkpoints: weights (normaliser included) in safetensors + a JSON config; written atomically.
+
+config.json holds everything a rebuild needs without the dataset: the chunk config (with the multimodal encoder's
+geometry already resolved from the data), the policy config, obs_dims ({vector key: length, frame key: [C, H, W]})
+and the action dim. Checkpoints of lowdim policies written before the multimodal encoder load unchanged.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,13 +71,11 @@ def load_policy(directory: Path, device: str = "cpu") -> tuple[ChunkPolicy, dict
             f"{cfg.get('policy')!r} (known: {', '.join(POLICIES)})"
         )
     cls, cfg_cls = POLICIES[cfg["policy"]]
-    policy = cls(
-        from_dict(ChunkConfig, cfg["chunk"], "chunk"),
-        from_dict(cfg_cls, cfg["config"], "config"),
-        cfg["obs_dims"],
-        int(cfg["action_dim"]),
-        None,
-    )
+    chunk = from_dict(ChunkConfig, cfg["chunk"], "chunk")
+    # Every weight comes from policy.safetensors: a pretrained ViT file named in the config need not exist here.
+    mm = chunk.multimodal
+    chunk = replace(chunk, multimodal=replace(mm, vit=replace(mm.vit, pretrained=None)))
+    policy = cls(chunk, from_dict(cfg_cls, cfg["config"], "config"), cfg["obs_dims"], int(cfg["action_dim"]), None)
     try:
         state = load_file(str(w_path), device=device)
     except Exception as e:  # safetensors raises several types for truncated/corrupt files

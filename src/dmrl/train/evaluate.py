@@ -58,6 +58,27 @@ def _env_fn(env_id: str, env_kwargs: dict):
     return make_env(env_id, **env_kwargs)
 
 
+def check_drop(policy: ChunkPolicy, drop: tuple[str, ...]) -> tuple[str, ...]:
+    """Validated modalities to withhold from the policy: keys it reads, leaving at least one, multimodal only."""
+    drop = tuple(dict.fromkeys(drop))
+    if not drop:
+        return drop
+    keys = tuple(policy.chunk.obs_keys)
+    unknown = [k for k in drop if k not in keys]
+    if unknown:
+        raise ValueError(f"--drop-modality {unknown[0]}: the policy does not read it (its keys: {', '.join(keys)})")
+    if policy.chunk.encoder_type != "multimodal":
+        raise ValueError("--drop-modality needs a policy with chunk.encoder_type multimodal (lowdim cannot mask a key)")
+    if set(drop) >= set(keys):
+        raise ValueError(f"--drop-modality: dropping {', '.join(drop)} leaves the policy no observation")
+    return drop
+
+
+def _without(obs: dict, drop: tuple[str, ...]) -> dict:
+    # The env still emits the modality (same physics, same seeds); the policy just never sees it.
+    return {k: v for k, v in obs.items() if k not in drop} if drop else obs
+
+
 def evaluate(
     policy: ChunkPolicy,
     env_id: str,
@@ -66,10 +87,15 @@ def evaluate(
     n_envs: int = 8,
     workers: bool = True,
     progress=None,
+    drop: tuple[str, ...] = (),
 ) -> EvalResult:
-    """Run one episode per seed; ``n_envs`` envs step in lockstep (in spawned processes if ``workers``)."""
+    """Run one episode per seed; ``n_envs`` envs step in lockstep (in spawned processes if ``workers``).
+
+    ``drop``: modalities removed from every observation before the policy sees it (its encoder masks them).
+    """
     import gymnasium as gym
 
+    drop = check_drop(policy, drop)
     env_kwargs = {"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})}
     n_envs = max(1, min(n_envs, len(seeds)))
     fns = [functools.partial(_env_fn, env_id, env_kwargs) for _ in range(n_envs)]
@@ -91,7 +117,7 @@ def evaluate(
         actions: list[list[np.ndarray]] = [[] for _ in range(n_envs)]
         tips: list[list[np.ndarray]] = [[np.asarray(info["tip"][i])] for i in range(n_envs)]
         while active.any():
-            act = policy.act(obs)
+            act = policy.act(_without(obs, drop))
             act[~active] = 0.0
             obs, _, term, trunc, info = envs.step(act)
             done = (term | trunc) & active
@@ -154,9 +180,15 @@ def summarize(records: list[EpisodeRecord]) -> EvalResult:
 
 
 def measure_latency(
-    policy: ChunkPolicy, env_id: str, env_kwargs: dict | None = None, seed: int = 10_000, steps: int = 80
+    policy: ChunkPolicy,
+    env_id: str,
+    env_kwargs: dict | None = None,
+    seed: int = 10_000,
+    steps: int = 80,
+    drop: tuple[str, ...] = (),
 ) -> tuple[float, float]:
     """(median, p95) milliseconds per ``act`` call at batch 1 in one closed-loop episode (replans included)."""
+    drop = check_drop(policy, drop)
     env = make_env(env_id, **{"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})})
     obs, _ = env.reset(seed=seed)
     policy.eval()
@@ -164,7 +196,7 @@ def measure_latency(
     times = []
     for _ in range(steps):
         t = time.perf_counter()
-        a = policy.act(obs)
+        a = policy.act(_without(obs, drop))
         times.append((time.perf_counter() - t) * 1e3)
         obs, _, term, trunc, _ = env.step(a)
         if term or trunc:
@@ -175,25 +207,42 @@ def measure_latency(
 
 
 def save_rollout_gif(
-    policy: ChunkPolicy, env_id: str, path: Path, seeds: list[int], env_kwargs: dict | None = None, size: int = 96
+    policy: ChunkPolicy,
+    env_id: str,
+    path: Path,
+    seeds: list[int],
+    env_kwargs: dict | None = None,
+    size: int = 96,
+    drop: tuple[str, ...] = (),
 ) -> Path:
-    """Render closed-loop episodes (front camera) into one GIF."""
+    """Render closed-loop episodes (the first camera) into one GIF."""
     import imageio.v2 as imageio
 
-    kw = {"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})}
-    env = make_env(env_id, **{**kw, "image_size": size})
+    from dmrl.envs.render import MultiCameraRenderer
+
+    drop = check_drop(policy, drop)
+    env = make_env(env_id, **{"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})})
+    # A renderer of its own at the GIF size: the env's observations keep the size the policy was trained on.
+    viewer = MultiCameraRenderer(env.model, size, env.cfg.cameras[:1], env.cfg.shadows)
+
+    def frame() -> np.ndarray:
+        return np.moveaxis(viewer.render(env.data, True, False)[0], 0, -1)
+
     frames = []
     policy.eval()
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        policy.reset()
-        for _ in range(env.cfg.max_steps):
-            frames.append(env.render())
-            obs, _, term, trunc, _ = env.step(policy.act(obs))
-            if term or trunc:
-                frames.extend([env.render()] * 5)
-                break
-    env.close()
+    try:
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            policy.reset()
+            for _ in range(env.cfg.max_steps):
+                frames.append(frame())
+                obs, _, term, trunc, _ = env.step(policy.act(_without(obs, drop)))
+                if term or trunc:
+                    frames.extend([frame()] * 5)
+                    break
+    finally:
+        viewer.close()
+        env.close()
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(path, frames, duration=0.1, loop=0)
     return path

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dmrl.envs import ENV_IDS
+from dmrl.types import OBS_MODES
 
 
 @dataclass
@@ -27,8 +28,11 @@ class EvalConfig:
     """Instruction paraphrases at reset: train, heldout or all."""
     inference_steps: int | None = None
     """Override the diffusion policy's DDIM steps."""
+    drop_modality: tuple[str, ...] = ()
+    """Modalities withheld from the policy (e.g. --drop-modality depth, or several: rgb depth); its multimodal
+    encoder masks them. The env is unchanged. Reported as dropped_modalities in eval.json."""
     out: Path | None = None
-    """Output directory; default: <checkpoint>/../eval."""
+    """Output directory; default: <checkpoint>/../eval, or eval_drop-<names> with --drop-modality."""
     gif_episodes: int = 2
     """Episodes rendered into rollouts.gif (0: none)."""
     cpu_threads: int = 1
@@ -39,13 +43,17 @@ class EvalConfig:
             raise ValueError(f"--episodes and --envs must be >= 1, got {self.episodes} and {self.envs}")
         if self.env is not None and self.env not in ENV_IDS:
             raise ValueError(f"--env: got {self.env!r}; known environments: {', '.join(ENV_IDS)}")
+        self.drop_modality = tuple(dict.fromkeys(m.strip() for part in self.drop_modality for m in part.split(",")))
+        bad = [m for m in self.drop_modality if m not in OBS_MODES]
+        if bad:
+            raise ValueError(f"--drop-modality: got {bad[0]!r}; allowed: {', '.join(OBS_MODES)}")
 
 
 def run_eval(cfg: EvalConfig) -> dict:
     from dmrl.envs.plotting import save_path_plot
     from dmrl.train.checkpoint import load_policy
     from dmrl.train.engine import configure_cpu_threads
-    from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
+    from dmrl.train.evaluate import check_drop, evaluate, measure_latency, save_rollout_gif
 
     configure_cpu_threads(cfg.cpu_threads)
     policy, meta = load_policy(cfg.checkpoint)
@@ -53,17 +61,22 @@ def run_eval(cfg: EvalConfig) -> dict:
         if not hasattr(policy, "set_sampler"):
             raise ValueError(f"--inference-steps applies to diffusion policies; {cfg.checkpoint} is {policy.name}")
         policy.set_sampler(cfg.inference_steps)
+    drop = check_drop(policy, cfg.drop_modality)
     env_id = cfg.env or meta.get("env_id", "dmrl/MultiPathGrasp-v0")
+    # The training store's image size / cameras / cups (meta.env_kwargs) so observations match the policy.
     env_kwargs = {"paraphrases": cfg.paraphrases, **meta.get("env_kwargs", {})}
-    out = cfg.out or Path(cfg.checkpoint).parent / "eval"
+    default_dir = "eval_drop-" + "-".join(drop) if drop else "eval"
+    out = cfg.out or Path(cfg.checkpoint).parent / default_dir
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
-    result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=cfg.envs)
-    result.latency_ms, result.latency_p95_ms = measure_latency(policy, env_id, env_kwargs)
+    result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=cfg.envs, drop=drop)
+    result.latency_ms, result.latency_p95_ms = measure_latency(policy, env_id, env_kwargs, drop=drop)
     summary = {
         "checkpoint": str(cfg.checkpoint),
         "env_id": env_id,
         "policy": policy.name,
+        "obs_keys": list(policy.chunk.obs_keys),
+        "dropped_modalities": list(drop),
         "seeds": [seeds[0], seeds[-1]],
         **result.summary(),
     }
@@ -74,10 +87,10 @@ def run_eval(cfg: EvalConfig) -> dict:
         [r.route for r in result.records],
         task,
         out / "paths.png",
-        title=f"{policy.name}: {result.success_rate:.0%} success",
+        title=f"{policy.name}: {result.success_rate:.0%} success" + (f" without {', '.join(drop)}" if drop else ""),
     )
     if cfg.gif_episodes > 0:
-        save_rollout_gif(policy, env_id, out / "rollouts.gif", seeds[: cfg.gif_episodes], env_kwargs)
+        save_rollout_gif(policy, env_id, out / "rollouts.gif", seeds[: cfg.gif_episodes], env_kwargs, drop=drop)
     print(json.dumps(summary, indent=2))
     print(f"wrote {out}/eval.json, paths.png" + (", rollouts.gif" if cfg.gif_episodes else ""))
     return summary

@@ -5,6 +5,7 @@ The EMA weights are what gets validated, evaluated and saved as the policy (Diff
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import math
@@ -19,8 +20,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from dmrl.config import TrainConfig, to_dict
-from dmrl.data import EpisodeStore, SequenceDataset, fit_normalizer, split_episodes
+from dmrl.data import EpisodeStore, SequenceDataset, StoreError, fit_normalizer, split_episodes
 from dmrl.policies import ChunkPolicy, build_policy
+from dmrl.policies.observations import TEXT_KEYS, VECTOR_KEYS, obs_dims_from_spec
 from dmrl.train.checkpoint import save_policy
 from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
 from dmrl.train.engine.device import fork_rng
@@ -39,8 +41,9 @@ class EMA:
     def update(self, model: torch.nn.Module) -> None:
         self.updates += 1
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        ema_p = list(self.model.parameters())
-        torch._foreach_lerp_(ema_p, [p.detach() for p in model.parameters()], 1.0 - d)
+        # Frozen weights (a frozen MiniLM or ViT backbone: millions of them) never move, so they are not averaged.
+        pairs = [(e, p) for e, p in zip(self.model.parameters(), model.parameters(), strict=True) if p.requires_grad]
+        torch._foreach_lerp_([e for e, _ in pairs], [p.detach() for _, p in pairs], 1.0 - d)
         for b_ema, b in zip(self.model.buffers(), model.buffers(), strict=True):
             b_ema.copy_(b)
 
@@ -119,15 +122,41 @@ def _truncate_log(path: Path, step: int) -> None:
     tmp.replace(path)
 
 
-def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy, dict[str, int]]:
-    """The policy named by ``cfg.policy`` with normaliser statistics fitted on ``store``."""
+def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy, dict]:
+    """The policy named by ``cfg.policy``, shaped by ``store``'s obs_spec, with normaliser statistics fitted on it.
+
+    Only vector keys and actions get statistics: images and instructions go raw to their encoders (policies.base).
+    """
     keys = cfg.chunk.obs_keys
     for k in keys:
-        store.array(k)  # a one-line StoreError if the store lacks the modality
-    obs_dims = {k: int(np.prod(store.obs_spec[k][0])) for k in keys}
-    norm = fit_normalizer(store, [*keys, "actions"], mode="limits")
+        if k not in TEXT_KEYS:
+            store.array(k)  # a one-line StoreError if the store lacks the modality
+        elif k not in store.obs_modes:
+            raise StoreError(
+                f"dmrl store {store.path}: no modality {k!r} (store has: {', '.join(store.obs_modes)}); "
+                f"collect with --obs-modes including {k}"
+            )
+    obs_dims = obs_dims_from_spec(store.obs_spec, keys)
+    norm = fit_normalizer(store, [*(k for k in keys if k in VECTOR_KEYS), "actions"], mode="limits")
     policy = build_policy(cfg.policy, cfg.chunk, cfg.policy_config, obs_dims, store.action_dim, norm)
     return policy, obs_dims
+
+
+def env_kwargs_from_store(store: EpisodeStore) -> dict[str, Any]:
+    """The env settings that shape observations (image size, cameras, cups), as the store was collected with them,
+    so evaluation renders what the policy was trained on. Paraphrases and obs modes are the evaluator's choice."""
+    collect = store.attrs.get("collect", {})  # written by `dmrl collect`, every value as str
+    out: dict[str, Any] = {}
+    try:
+        if "image_size" in collect:
+            out["image_size"] = int(collect["image_size"])
+        if "cameras" in collect:
+            out["cameras"] = tuple(ast.literal_eval(collect["cameras"]))  # str of a tuple: literals only, no eval
+        if "n_objects" in collect:
+            out["n_objects"] = int(collect["n_objects"])
+    except (ValueError, SyntaxError):
+        raise ValueError(f"dmrl store {store.path}: unreadable 'collect' attributes {collect}") from None
+    return out
 
 
 def train_bc(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
@@ -256,6 +285,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
     save(step)
     meta = {
         "env_id": store.attrs["env_id"],
+        "env_kwargs": env_kwargs_from_store(store),
         "dataset": str(cfg.dataset),
         "train_steps": step,
         "train_seconds": time.perf_counter() - t0,
@@ -271,7 +301,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         from dmrl.train.evaluate import evaluate
 
         seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes))
-        result = evaluate(ema.model.cpu(), store.attrs["env_id"], seeds, n_envs=cfg.eval_envs)
+        result = evaluate(ema.model.cpu(), store.attrs["env_id"], seeds, meta["env_kwargs"], n_envs=cfg.eval_envs)
         summary["eval"] = result.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
