@@ -41,9 +41,12 @@ def _run_collect(cfg) -> None:
 
 
 def _run_train(cfg) -> None:
-    from dmrl.train.offline import train_bc
+    if cfg.algo == "bc":
+        from dmrl.train.offline import train_bc as train
+    else:
+        from dmrl.train.offline_rl import train_offline_rl as train
 
-    summary = train_bc(cfg)
+    summary = train(cfg)
     print(json.dumps(summary, indent=2, default=str))
     print(f"checkpoint: {cfg.out / 'checkpoint'}")
 
@@ -57,7 +60,11 @@ def _commands() -> dict[str, tuple[type, object, str]]:
     return {
         "collect": (CollectConfig, _run_collect, "roll out the scripted expert into an episode store"),
         "info": (InfoConfig, _run_info, "summarise an episode store"),
-        "train": (TrainConfig, _run_train, "behaviour cloning of a diffusion / gaussian / vae policy"),
+        "train": (
+            TrainConfig,
+            _run_train,
+            "behaviour cloning of a diffusion / gaussian / vae policy, or offline RL (--algo)",
+        ),
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
         "demo": (DemoConfig, run_demo, "the main job on its embedded default (make demo)"),

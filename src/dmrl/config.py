@@ -94,6 +94,7 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 # --------------------------------------------------------------------------------------------------------------
 # Experiment configs (composed of the component dataclasses; every field documented, checked in __post_init__)
 # --------------------------------------------------------------------------------------------------------------
+from dmrl.algos import ALGOS, CriticConfig, DiffusionQLConfig, TD3BCConfig  # noqa: E402
 from dmrl.policies import POLICIES, ChunkConfig  # noqa: E402
 from dmrl.policies.diffusion import DiffusionPolicyConfig  # noqa: E402
 from dmrl.policies.gaussian import GaussianPolicyConfig  # noqa: E402
@@ -116,19 +117,29 @@ class OptimConfig:
 
 @dataclasses.dataclass
 class TrainConfig:
-    """``dmrl train``: behaviour cloning of a chunk policy from an episode store."""
+    """``dmrl train``: behaviour cloning (or offline RL, --algo) of a chunk policy from an episode store."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
-    """Episode store written by ``dmrl collect``."""
+    """Episode store written by ``dmrl collect`` (offline RL also reads its rewards and terminations)."""
     out: Path = Path("runs/bc")
     """Run directory: config.json, metrics.jsonl, tb/ (TensorBoard), checkpoint/ (EMA policy)."""
     policy: str = "diffusion"
     """Policy to train: diffusion, gaussian or vae."""
+    algo: str = "bc"
+    """bc (behaviour cloning), diffusion-ql (with --policy diffusion) or td3-bc (with --policy gaussian)."""
+    init: Path | None = None
+    """diffusion-ql / td3-bc: start the actor from this policy checkpoint (e.g. a BC run's checkpoint/); its
+    chunk and policy settings must equal this run's."""
     chunk: ChunkConfig = dataclasses.field(default_factory=ChunkConfig)
     diffusion: DiffusionPolicyConfig = dataclasses.field(default_factory=DiffusionPolicyConfig)
     gaussian: GaussianPolicyConfig = dataclasses.field(default_factory=GaussianPolicyConfig)
     vae: VAEPolicyConfig = dataclasses.field(default_factory=VAEPolicyConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """Optimizer of --algo bc (diffusion-ql and td3-bc have their own learning rates)."""
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    """Chunk critic of diffusion-ql and td3-bc: ensemble, width, discount, target rate."""
+    diffusion_ql: DiffusionQLConfig = dataclasses.field(default_factory=DiffusionQLConfig)
+    td3_bc: TD3BCConfig = dataclasses.field(default_factory=TD3BCConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     """Device, precision, clipping, accumulation, data parallelism, checkpointing, compile, state saving."""
     steps: int = 5000
@@ -136,7 +147,8 @@ class TrainConfig:
     batch_size: int = 256
     """Samples per optimizer step, in total over accumulated micro-batches and torchrun ranks."""
     ema_decay: float = 0.995
-    """EMA of the weights used for evaluation and saved as the policy (warmed up as min(decay, (1+k)/(10+k)))."""
+    """EMA of the weights used for evaluation and saved as the policy (bc: warmed up as min(decay, (1+k)/(10+k));
+    diffusion-ql: its EMA actor, a plain Polyak average at rate 1 - decay)."""
     val_fraction: float = 0.05
     """Fraction of episodes held out for the validation loss."""
     val_every: int = 1000
@@ -158,6 +170,17 @@ class TrainConfig:
             raise ValueError("--resume and --overwrite exclude each other: resume keeps the run, overwrite deletes it")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy: got {self.policy!r}; allowed: {', '.join(POLICIES)}")
+        if self.algo != "bc" and self.algo not in ALGOS:
+            raise ValueError(f"--algo: got {self.algo!r}; allowed: bc, {', '.join(ALGOS)}")
+        if self.algo != "bc" and self.policy != ALGOS[self.algo][2]:
+            raise ValueError(
+                f"--algo {self.algo} trains a {ALGOS[self.algo][2]} actor; got --policy {self.policy} "
+                f"(pass --policy {ALGOS[self.algo][2]})"
+            )
+        if self.init is not None and self.algo == "bc":
+            raise ValueError(
+                "--init starts an offline-RL actor from a checkpoint: use it with --algo diffusion-ql or td3-bc"
+            )
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
         if not 0.0 <= self.ema_decay < 1.0:

@@ -386,6 +386,16 @@ class EpisodeStore:
             info=json.loads(self._text["info"][i]),
         )
 
+    def final_array(self, name: str) -> zarr.Array:
+        """(E, ...) zarr array of a modality's observation after each episode's last action (rows beyond
+        `n_episodes` are uncommitted)."""
+        if name not in self._final:
+            raise StoreError(
+                f"dmrl store {self.path}: no final observation {name!r} "
+                f"(store has: {', '.join(self.array_modes) or 'none'})"
+            )
+        return self._final[name]
+
     def array(self, name: str) -> zarr.Array:
         """The zarr array of a modality, "actions" or "rewards" (rows beyond `n_steps` are uncommitted)."""
         if name == "actions":

@@ -131,26 +131,32 @@ class SequenceDataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         e, obs_steps, act_steps, mask = self.window_steps(i)
         start = int(self._index[i, 1])
-        obs_rows, act_rows = start + obs_steps, start + act_steps
-        obs: dict[str, Any] = {}
-        for k in self.array_keys:
-            if k in self.image_keys:
-                x = self._read_image(k, obs_rows)
-                if self.normalizer is not None:
-                    x = self.normalizer.normalize(k, x).astype(np.float32, copy=False)
-                elif x.dtype != np.uint8:
-                    x = x.astype(np.float32, copy=False)
-                obs[k] = torch.from_numpy(np.ascontiguousarray(x))
-            else:
-                obs[k] = torch.from_numpy(self._lowdim[k][obs_rows])
-        if self.with_instruction:
-            obs["instruction"] = self._instructions[e]
         return {
-            "obs": obs,
-            "action": torch.from_numpy(self._lowdim["actions"][act_rows]),
+            "obs": self._read_obs(e, start + obs_steps),
+            "action": torch.from_numpy(self._lowdim["actions"][start + act_steps]),
             "action_mask": torch.from_numpy(mask),
             "episode": e,
         }
+
+    def _read_obs(self, e: int, rows: np.ndarray) -> dict[str, Any]:
+        """{key: (To, ...) tensor} at global step rows (To,) of episode e, plus its instruction if requested."""
+        obs: dict[str, Any] = {}
+        for k in self.array_keys:
+            if k in self.image_keys:
+                obs[k] = self._image_tensor(k, self._read_image(k, rows))
+            else:
+                obs[k] = torch.from_numpy(self._lowdim[k][rows])
+        if self.with_instruction:
+            obs["instruction"] = self._instructions[e]
+        return obs
+
+    def _image_tensor(self, key: str, x: np.ndarray) -> torch.Tensor:
+        """Stored frames -> tensor: normalised float32 with a normalizer, else uint8 kept and the rest float32."""
+        if self.normalizer is not None:
+            x = self.normalizer.normalize(key, x).astype(np.float32, copy=False)
+        elif x.dtype != np.uint8:
+            x = x.astype(np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(x))
 
     def _read_image(self, key: str, rows: np.ndarray) -> np.ndarray:
         """(To, C, H, W) frames at global rows (may repeat at padded edges): one contiguous zarr read."""

@@ -162,7 +162,10 @@ class ChunkPolicy(nn.Module):
         """cond (B, D) or (B, K, D), cond_mask (B, K) bool or None -> normalised action chunk (B, Tp, Da)."""
         raise NotImplementedError
 
-    @torch.no_grad()
+    # inference_mode, not no_grad: no autograd bookkeeping at all, ~20% less time per DDIM-10 chunk at batch 1
+    # (measured 3.9 -> 3.1 ms, 256x2 MLP, one thread). Its outputs cannot enter autograd later; training code
+    # samples through _sample_chunk / sample_with_grad instead.
+    @torch.inference_mode()
     def predict_chunk(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
         chunk = self._sample_chunk(*self.condition(obs))
@@ -180,7 +183,7 @@ class ChunkPolicy(nn.Module):
         self._fresh |= mask
         self._qpos[mask] = self.chunk.n_action_steps
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs: Mapping[str, object]) -> np.ndarray:
         """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,). Keys missing from ``obs`` are
         left out (a multimodal policy masks them; the lowdim one raises)."""

@@ -6,7 +6,7 @@ weighting); the denoiser and the sampler come from :mod:`dmrl.models.denoisers` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -160,20 +160,53 @@ class DiffusionPolicy(ChunkPolicy):
             return enc.tokens, enc.mask
         return self.encode(obs), None
 
+    def _denoise_fn(self, cond: Tensor, cond_mask: Tensor | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+        """denoise_fn(x_t (B, Tp, Da), t (B,)) -> what the sampler reads, with the configured sampling head."""
+        if self._head == "blend":
+            return lambda x, t: self._blended_eps(x, t, cond, cond_mask)
+        # A hybrid output is [eps head | x0 head] on the last dim; one head alone is a plain eps / x0 model.
+        da = self.action_dim
+        head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
+        return lambda x, t: self.denoiser(x, t, cond, cond_mask)[..., head]
+
     def _sample_chunk(
         self, cond: Tensor, cond_mask: Tensor | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        da = self.action_dim
-        shape = (cond.shape[0], self.chunk.horizon, da)
-        if self._head == "blend":
-            return self.sampler.sample(
-                lambda x, t: self._blended_eps(x, t, cond, cond_mask), shape, generator=generator, device=cond.device
-            )
-        # A hybrid output is [eps head | x0 head] on the last dim; one head alone is a plain eps / x0 model.
-        head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
-        return self.sampler.sample(
-            lambda x, t: self.denoiser(x, t, cond, cond_mask)[..., head], shape, generator=generator, device=cond.device
-        )
+        shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
+        return self.sampler.sample(self._denoise_fn(cond, cond_mask), shape, generator=generator, device=cond.device)
+
+    def sample_with_grad(
+        self,
+        cond: Tensor,
+        grad_steps: int,
+        cond_mask: Tensor | None = None,
+        generator: torch.Generator | None = None,
+        init_noise: Tensor | None = None,
+        step_noise: Tensor | None = None,
+    ) -> Tensor:
+        """cond (B, D) or (B, K, D) -> normalised chunk (B, Tp, Da), differentiable through the last k DDIM steps.
+
+        The first S - k denoiser calls run under no_grad (truncated backprop through the chain, the seed's
+        ~40% speed-up); k = S backpropagates through the whole chain (Diffusion-QL). Randomness as
+        ``sampler.sample``: ``generator`` in its order (init noise, then one draw per stochastic step) or passed in
+        as init_noise (B, Tp, Da) / step_noise (S, B, Tp, Da), so k = S gives exactly ``_sample_chunk``'s chunk.
+        """
+        n = self.sampler.num_steps
+        if not 1 <= grad_steps <= n:
+            raise ValueError(f"sample_with_grad grad_steps: got {grad_steps}; allowed 1..S={n} (S: DDIM steps)")
+        shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
+        if init_noise is None:
+            gen_device = generator.device if generator is not None else cond.device
+            init_noise = torch.randn(shape, generator=generator, device=gen_device)
+        x = init_noise.to(cond.device, torch.float32)
+        denoise = self._denoise_fn(cond, cond_mask)
+        t_all = self.sampler.timesteps[:, None].expand(n, shape[0])  # (S, B)
+        # The loop index decides where gradients start: a Python int, so the graph is the same every call.
+        for i in range(n):
+            with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n - grad_steps):
+                z = step_noise[i].to(cond.device) if step_noise is not None else None
+                x = self.sampler.step(i, denoise(x, t_all[i]), x, noise=z, generator=generator)
+        return x
 
     def _blended_eps(self, x: Tensor, t: Tensor, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         """Noise estimate (B, Tp, Da) from the x0 head at high noise (t >= T/2) and the ε head below it."""

@@ -90,6 +90,9 @@ def _prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
         if not saved_path.is_file():
             raise FileNotFoundError(f"--resume: {saved_path} not found; start the run without --resume first")
         saved, now = _flat(json.loads(saved_path.read_text())), _flat(to_dict(cfg))
+        # A key added to TrainConfig after the run started is absent from its config.json: its default matches.
+        defaults = _flat(to_dict(TrainConfig()))
+        saved |= {k: defaults[k] for k in set(now) - set(saved) if k in defaults}
         for key in sorted(set(saved) | set(now)):
             if key not in _RESUME_MAY_DIFFER and saved.get(key) != now.get(key):
                 raise ValueError(

@@ -1,0 +1,192 @@
+"""Diffusion-QL (Wang, Hunt & Zhou 2023, "Diffusion Policies as an Expressive Policy Class for Offline RL"): the
+diffusion actor minimises its BC loss plus eta times a normalised -Q of chunks sampled through its own DDIM chain.
+
+As in the authors' ``agents/ql_diffusion.py``: an EMA of the actor samples the next chunk of the TD target, a
+clipped double-Q critic (min over the ensemble) is regressed first, then the actor steps against the updated
+critic, then the target critic moves by Polyak averaging. Here the transitions are chunk-level (Ta-step returns,
+see dmrl.data.transitions) and the Q term can backpropagate through only the last k DDIM steps (the seed's
+truncated backprop through the chain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from dmrl.algos.common import Stepper, as_micro_batches, backward_micro
+from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update
+from dmrl.policies.base import ChunkPolicy
+from dmrl.policies.diffusion import DiffusionPolicy
+
+ETA_SCHEDULES = ("constant", "linear")
+
+
+@dataclass
+class DiffusionQLConfig:
+    """Q-term weight, gradient path through the DDIM chain, learning rates and best-of-N evaluation."""
+
+    eta: float = 1.0
+    """Weight of the Q term: actor_loss = bc_loss + eta * (-Q(s, a_theta) / mean|Q|)."""
+    eta_schedule: str = "constant"
+    """constant, or linear: eta ramps up from 0 over eta_warmup_steps (the critic learns before it steers)."""
+    eta_warmup_steps: int = 1000
+    """Updates of the linear eta ramp."""
+    grad_steps_through_chain: int | None = None
+    """k: only the last k DDIM steps of a_theta carry gradients, the first S - k run without (1..S; None: all S)."""
+    n_action_samples: int = 1
+    """Best-of-N at evaluation: N sampled chunks, the critic's favourite is executed (1: plain sampling)."""
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    export_ema: bool = True
+    """Export (and sample TD targets from) the EMA actor, as the BC trainer exports its EMA; False: the raw actor."""
+
+    def __post_init__(self) -> None:
+        if self.eta < 0 or self.eta_schedule not in ETA_SCHEDULES or self.eta_warmup_steps < 1:
+            raise ValueError(
+                f"diffusion_ql: need eta >= 0, eta_schedule in {', '.join(ETA_SCHEDULES)}, eta_warmup_steps >= 1; "
+                f"got {self.eta}, {self.eta_schedule!r}, {self.eta_warmup_steps}"
+            )
+        k = self.grad_steps_through_chain
+        if k is not None and k < 1:
+            raise ValueError(f"diffusion_ql.grad_steps_through_chain: got {k}; allowed 1..S or None (all S steps)")
+        if self.n_action_samples < 1 or self.actor_lr <= 0 or self.critic_lr <= 0:
+            raise ValueError(
+                f"diffusion_ql: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0; got "
+                f"{self.n_action_samples}, {self.actor_lr}, {self.critic_lr}"
+            )
+
+
+class DiffusionQL(nn.Module):
+    """Actor (a DiffusionPolicy), its EMA, critic, target critic and their two Adam optimizers.
+
+    Batches: dmrl.data.ChunkTransitionDataset items with B in front (obs / next_obs {key: (B, To, ...)} raw,
+    action (B, Tp, Da) raw, action_mask (B, Tp), reward / done / valid (B, Ta), next_valid (B,)), plus an
+    optional "progress" in [0, 1] for the hybrid loss weights. ``engine``: dmrl.train.engine.Engine (or any
+    Stepper); build actor and critic on its device and call ``engine.prepare(algo)`` before the first update.
+    """
+
+    def __init__(
+        self,
+        actor: DiffusionPolicy,
+        critic: ChunkCritic,
+        config: DiffusionQLConfig,
+        engine: Stepper,
+        ema_decay: float = 0.995,
+    ):
+        super().__init__()
+        if not isinstance(actor, DiffusionPolicy):
+            raise ValueError(
+                f"diffusion-ql trains a diffusion actor; got policy {actor.name!r} (use --policy diffusion)"
+            )
+        n_steps = actor.sampler.num_steps
+        self.grad_steps = config.grad_steps_through_chain or n_steps
+        if self.grad_steps > n_steps:
+            raise ValueError(
+                f"diffusion_ql.grad_steps_through_chain: got {self.grad_steps}; allowed 1..S={n_steps} "
+                "(S: diffusion.num_inference_steps)"
+            )
+        self.config, self.engine, self.ema_decay = config, engine, ema_decay
+        self.actor, self.critic = actor, critic
+        self.actor_ema = frozen_copy(actor)
+        self.critic_target = frozen_copy(critic)
+        # The optimizers hold these Parameter objects: build actor and critic on the training device (a later
+        # .to() keeps the objects on CPU / CUDA, but not on every backend).
+        self.actor_opt = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr)
+        self.critic_opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=config.critic_lr)
+        self.n_updates = 0
+
+    @property
+    def policy(self) -> DiffusionPolicy:
+        """The exported actor: the EMA weights by default (export_ema)."""
+        return self.actor_ema if self.config.export_ema else self.actor
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor": self.actor_opt, "critic": self.critic_opt}
+
+    def eta(self) -> float:
+        ramp = min(1.0, self.n_updates / self.config.eta_warmup_steps) if self.config.eta_schedule == "linear" else 1.0
+        return self.config.eta * ramp
+
+    def critic_loss(self, batch: dict) -> dict[str, Tensor]:
+        """Sum over heads of the squared error to the chunk TD target; a' from the target (EMA) actor."""
+        target_actor = self.policy
+        with torch.no_grad():
+            next_chunk = target_actor._sample_chunk(*target_actor.condition(batch["next_obs"]))  # (B, Tp, Da)
+            next_q = self.critic_target(batch["next_obs"], self.critic.executed(next_chunk)).min(0).values  # (B,)
+            y = chunk_td_target(
+                batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_q, self.critic.config.gamma
+            )
+        q = self.critic(batch["obs"], self.critic.executed_from_data(batch["action"])).float()  # (E, B)
+        loss = (q - y).pow(2).mean(1).sum()
+        return {"loss": loss, "q": q.mean().detach(), "target": y.mean()}
+
+    def actor_loss(self, batch: dict) -> dict[str, Tensor]:
+        """Diffusion BC loss + eta * (-Q / mean|Q|) of a chunk sampled with gradients through the last k steps."""
+        bc_loss = self.actor.loss(batch)["loss"]
+        cond, cond_mask = self.actor.condition(batch["obs"])
+        a_theta = self.actor.sample_with_grad(cond, self.grad_steps, cond_mask)  # (B, Tp, Da) normalised
+        q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); critic frozen by update()
+        # Dividing by mean|Q| (no gradient) makes eta independent of the reward scale (Wang et al., Fujimoto & Gu).
+        q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
+        actor_loss = bc_loss + self.eta() * q_loss
+        return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()}
+
+    def update(self, batch: dict | list[dict]) -> dict[str, float]:
+        """One training step on a batch (or the engine's accumulate micro-batches): critic, actor, targets."""
+        micro = as_micro_batches(batch)
+        # 1. Critic: regress every Q head on the TD target built from the EMA actor and the target critic.
+        logs = {f"critic_{k}": v for k, v in backward_micro(self.engine, self.critic_loss, micro).items()}
+        critic_stats = self.engine.step(self.critic_opt)
+        # 2. Actor: against the just-updated critic, which gets no gradient from this loss.
+        with frozen(self.critic):
+            logs |= {f"actor_{k}": v for k, v in backward_micro(self.engine, self.actor_loss, micro).items()}
+        actor_stats = self.engine.step(self.actor_opt)
+        # 3. Targets: Polyak-averaged critic; the EMA actor is the same average at rate 1 - ema_decay.
+        polyak_update(self.critic_target, self.critic, self.critic.config.tau)
+        polyak_update(self.actor_ema, self.actor, 1.0 - self.ema_decay)
+        logs["eta"] = self.eta()
+        self.n_updates += 1
+        logs["critic_grad_norm"] = float(critic_stats["grad_norm"])
+        logs["actor_grad_norm"] = float(actor_stats["grad_norm"])
+        return logs
+
+    def evaluation_policy(self) -> ChunkPolicy:
+        """What evaluation runs: the exported actor, wrapped for best-of-N when n_action_samples > 1."""
+        if self.config.n_action_samples == 1:
+            return self.policy
+        return CriticRankedPolicy(self.policy, self.critic_target, self.config.n_action_samples)
+
+
+class CriticRankedPolicy(ChunkPolicy):
+    """Best-of-N action selection: the actor samples N chunks per observation, the critic's min-ensemble Q picks one.
+
+    An evaluation-time wrapper with ``act`` / ``reset`` / ``predict_chunk`` (the receding-horizon queue of
+    ChunkPolicy); it is never saved: the checkpoint is the plain actor, which loads without a critic.
+    """
+
+    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int):
+        nn.Module.__init__(self)  # not ChunkPolicy.__init__: the actor already owns the encoder and normaliser
+        self.actor, self.critic, self.n_samples = actor, critic, n_samples
+        self.name, self.config, self.chunk = actor.name, actor.config, actor.chunk
+        self.obs_dims, self.action_dim, self.vector_keys = actor.obs_dims, actor.action_dim, actor.vector_keys
+        self.normalizer = actor.normalizer
+        self.reset()
+
+    @torch.no_grad()
+    def predict_chunk(self, obs: dict) -> Tensor:
+        """Raw obs {key: (B, To, ...)} -> raw chunk (B, Tp, Da): the best of N samples, clipped to the bounds."""
+        n = self.n_samples
+        first = next(iter(obs.values()))
+        b = len(first) if isinstance(first, list) else first.shape[0]
+        # Each env's observation repeated N times, consecutively: sample j of env i is row i * N + j.
+        rep = {
+            k: [s for s in v for _ in range(n)] if isinstance(v, list) else v.repeat_interleave(n, 0)
+            for k, v in obs.items()
+        }
+        chunks = self.actor._sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
+        q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
+        best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
+        return self.actor.normalizer.unnormalize("actions", best).clamp(-1.0, 1.0)

@@ -1,0 +1,186 @@
+"""Offline actor-critic training (Diffusion-QL, TD3+BC) on an episode store's rewards: the BC trainer's loop, with
+chunk transitions for data and the algorithm's ``update()`` (critic, actor, targets) in place of one loss.
+
+The run directory is the BC one (config.json, metrics.jsonl, tb/, state/, checkpoint/): checkpoint/ holds the
+exported actor alone, a plain policy checkpoint that ``dmrl eval`` loads without any critic; the resumable
+states in state/ hold the whole algorithm (actor, EMA / target actor, critic, target critic, both optimizers).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from dmrl.algos import ALGOS, ChunkCritic
+from dmrl.config import TrainConfig, to_dict
+from dmrl.data import ChunkTransitionDataset, EpisodeStore, SequenceDataset, split_episodes
+from dmrl.policies import ChunkPolicy
+from dmrl.train.checkpoint import load_policy, save_policy
+from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.offline import (
+    _flat,
+    _prepare_out,
+    _truncate_log,
+    build_from_store,
+    env_kwargs_from_store,
+    validation_loss,
+)
+
+
+def train_offline_rl(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg.algo``, save ``out/checkpoint`` (the actor) and return a summary, as ``train_bc`` does."""
+    if cfg.algo not in ALGOS:
+        raise ValueError(f"train_offline_rl: --algo {cfg.algo!r} is not an offline-RL algorithm ({', '.join(ALGOS)})")
+    store = EpisodeStore.open(cfg.dataset)
+    engine = Engine(cfg.engine, cfg.seed)
+    try:
+        if engine.dist.enabled:
+            raise ValueError(f"--algo {cfg.algo} runs in one process for now: launch it without torchrun")
+        return _train(cfg, store, engine, progress)
+    finally:
+        shutdown_distributed()
+
+
+def load_init(actor: ChunkPolicy, path: Path) -> None:
+    """Copy a saved policy's weights (normaliser statistics included) into ``actor``; settings must match."""
+    init, _ = load_policy(path)
+    if init.name != actor.name:
+        raise ValueError(f"--init {path}: a {init.name} policy, but this run trains a {actor.name} actor")
+    mine = _flat({"chunk": to_dict(actor.chunk), actor.name: to_dict(actor.config), "obs_dims": actor.obs_dims})
+    theirs = _flat({"chunk": to_dict(init.chunk), init.name: to_dict(init.config), "obs_dims": init.obs_dims})
+    mine["action_dim"], theirs["action_dim"] = actor.action_dim, init.action_dim
+    for key in sorted(set(mine) | set(theirs)):
+        if not key.endswith(".pretrained") and mine.get(key) != theirs.get(key):  # ViT weights come from the file
+            raise ValueError(
+                f"--init {path}: its {key} is {theirs.get(key)!r} but this run has {mine.get(key)!r}; "
+                "pass the checkpoint's settings"
+            )
+    actor.load_state_dict(init.state_dict())
+
+
+def build_algo(cfg: TrainConfig, store: EpisodeStore, engine: Engine) -> nn.Module:
+    """cfg.algo's algorithm: the actor (shaped by the store, weights from --init if given) and a fresh critic."""
+    actor, _ = build_from_store(cfg, store)
+    if cfg.init is not None:
+        load_init(actor, cfg.init)
+    # Both on the device before the algorithm copies them into targets and hands them to its optimizers.
+    actor.to(engine.device)
+    critic = ChunkCritic(actor, cfg.critic).to(engine.device)  # after --init: it copies the actor's statistics
+    cls = ALGOS[cfg.algo][0]
+    if cfg.algo == "diffusion-ql":
+        return cls(actor, critic, cfg.diffusion_ql, engine, ema_decay=cfg.ema_decay)
+    return cls(actor, critic, cfg.td3_bc, engine)
+
+
+def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool) -> dict[str, Any]:
+    out = _prepare_out(cfg, engine)
+    train_eps, val_eps = split_episodes(store.n_episodes, cfg.val_fraction, cfg.seed)
+    algo = build_algo(cfg, store, engine)
+    engine.prepare(algo)  # every trainable weight of actor and critic is what the engine clips
+    c = cfg.chunk
+    ds_kw = dict(obs_keys=c.obs_keys, horizon_obs=c.n_obs_steps, horizon_pred=c.horizon, horizon_exec=c.n_action_steps)
+    train_ds = ChunkTransitionDataset(store, episodes=train_eps, **ds_kw)
+    val_ds = SequenceDataset(store, episodes=val_eps, **ds_kw) if len(val_eps) else None
+    start, summary = 0, {}
+    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
+    if state is not None:
+        algo.load_state_dict(state.tensors["algo"])
+        for name, opt in algo.optimizers.items():
+            opt.load_state_dict(state.objects["optimizers"][name])
+        engine.load_state_dict(state.objects["engine"])
+        algo.n_updates, start, summary = state.objects["n_updates"], state.step, state.objects["last_log"]
+        print(f"resuming {out} from {state.path.name} (step {start} of {cfg.steps})", flush=True)
+
+    def save(step: int) -> None:
+        objects = {
+            "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
+            "engine": engine.state_dict(),
+            "n_updates": algo.n_updates,
+            "last_log": summary,
+        }
+        save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+
+    acc = cfg.engine.accumulate
+    sampler = GlobalBatchSampler(len(train_ds), cfg.batch_size, acc, engine.dist, cfg.seed, start_step=start)
+    loader = DataLoader(
+        train_ds,
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        multiprocessing_context=engine.worker_start_method if cfg.num_workers else None,
+        pin_memory=engine.pin_memory,
+        generator=torch.Generator().manual_seed(cfg.seed),  # not the global stream (see train_bc)
+    )
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
+    if start:
+        _truncate_log(out / "metrics.jsonl", start)
+    log = (out / "metrics.jsonl").open("a")
+    bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.algo}", disable=not progress, unit="step")
+    batches, t0, step = iter(loader), time.perf_counter(), start
+    try:
+        while step < cfg.steps:
+            micro = []
+            for _ in range(acc):
+                batch = engine.to_device(next(batches))
+                batch["progress"] = step / cfg.steps
+                micro.append(batch)
+            logs = algo.update(micro)
+            step += 1
+            if step % 50 == 0 or step == cfg.steps:
+                rec = {
+                    "step": step,
+                    **logs,
+                    "samples_per_s": (step - start) * cfg.batch_size / (time.perf_counter() - t0),
+                }
+                if val_ds is not None and (step % cfg.val_every == 0 or step == cfg.steps):
+                    rec["val_loss"] = validation_loss(algo.policy, val_ds, cfg, engine.device)
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                for k, v in rec.items():
+                    if k != "step":
+                        writer.add_scalar(k, v, step)
+                bar.set_postfix(critic_loss=f"{rec['critic_loss']:.4f}")
+                summary = rec
+            bar.update(1)
+            if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
+                save(step)
+    except KeyboardInterrupt:
+        if step > start:  # keep the progress since the last state (see train_bc)
+            save(step)
+        raise
+    finally:
+        bar.close()
+        log.close()
+        writer.close()
+    save(step)
+    meta = {
+        "env_id": store.attrs["env_id"],
+        "env_kwargs": env_kwargs_from_store(store),
+        "dataset": str(cfg.dataset),
+        "algo": cfg.algo,
+        "init": str(cfg.init) if cfg.init is not None else None,
+        "train_steps": step,
+        "train_seconds": time.perf_counter() - t0,
+        "device": str(engine.device),
+        "precision": engine.precision,
+        "world_size": engine.dist.world_size,
+    }
+    summary = {**summary, **meta}
+    save_policy(out / "checkpoint", algo.policy, meta)
+    if cfg.eval_episodes > 0:
+        from dmrl.train.evaluate import evaluate
+
+        seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes))
+        policy = algo.evaluation_policy().cpu()  # best-of-N with the critic when diffusion_ql.n_action_samples > 1
+        result = evaluate(policy, store.attrs["env_id"], seeds, meta["env_kwargs"], n_envs=cfg.eval_envs)
+        summary["eval"] = result.summary()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

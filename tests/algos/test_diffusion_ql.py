@@ -1,0 +1,174 @@
+"""Diffusion-QL and TD3+BC: gradients through the last k DDIM steps, update() on tiny offline data, best-of-N."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from algo_helpers import batch, diffusion_actor, engine, gaussian_actor, tiny_critic
+from torch.utils.data import DataLoader
+
+from dmrl.algos import TD3BC, CriticRankedPolicy, DiffusionQL, DiffusionQLConfig, TD3BCConfig
+from dmrl.data import ChunkTransitionDataset, EpisodeStore
+from dmrl.train.checkpoint import load_policy, save_policy
+from dmrl.types import Episode
+
+
+def _opened(actor):
+    """The denoiser's output layer starts at zero (no gradient reaches earlier layers): give it weights."""
+    with torch.no_grad():
+        for p in actor.denoiser.parameters():
+            if not p.abs().sum():
+                p.normal_(0, 0.1)
+    return actor
+
+
+@pytest.mark.parametrize("eta", [0.0, 0.5])
+def test_sample_with_grad_full_chain_equals_the_sampler(eta):
+    actor = _opened(diffusion_actor(steps=4, eta=eta))
+    cond = actor.encode(batch(3)["obs"])
+    with torch.no_grad():
+        plain = actor._sample_chunk(cond, generator=torch.Generator().manual_seed(7))
+    out = actor.sample_with_grad(cond, 4, generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(out, plain)
+    assert out.shape == (3, 8, 3) and out.requires_grad
+    out.square().sum().backward()
+    assert all(p.grad is not None for p in actor.denoiser.parameters())
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sample_with_grad_only_last_k_steps_get_gradients(k):
+    actor = _opened(diffusion_actor(steps=4))
+    tracked = []
+    actor.denoiser.register_forward_hook(lambda mod, args, out: tracked.append(out.requires_grad))
+    out = actor.sample_with_grad(actor.encode(batch(2)["obs"]), k)
+    assert tracked == [False] * (4 - k) + [True] * k
+    # The same chunk as the full chain: truncation changes gradients, never the sample.
+    torch.manual_seed(0)
+    a = actor.sample_with_grad(actor.encode(batch(2)["obs"]), k)
+    torch.manual_seed(0)
+    b = actor.sample_with_grad(actor.encode(batch(2)["obs"]), 4)
+    torch.testing.assert_close(a, b)
+    assert out.requires_grad
+
+
+def test_sample_with_grad_rejects_k_out_of_range():
+    actor = diffusion_actor(steps=4)
+    cond = actor.encode(batch(2)["obs"])
+    for k in (0, 5):
+        with pytest.raises(ValueError, match="grad_steps"):
+            actor.sample_with_grad(cond, k)
+    with pytest.raises(ValueError, match="grad_steps_through_chain"):
+        DiffusionQLConfig(grad_steps_through_chain=0)
+    with pytest.raises(ValueError, match="allowed 1..S=4"):
+        DiffusionQL(actor, tiny_critic(actor), DiffusionQLConfig(grad_steps_through_chain=5), engine())
+    with pytest.raises(ValueError, match="--policy diffusion"):
+        DiffusionQL(gaussian_actor(), tiny_critic(actor), DiffusionQLConfig(), engine())
+
+
+def _tiny_store(path, n_episodes: int = 4, length: int = 12) -> EpisodeStore:
+    """State-only episodes whose reward prefers positive first action components (something to learn)."""
+    store = EpisodeStore.create(
+        path,
+        env_id="dmrl/Test-v0",
+        obs_modes=("state",),
+        action_meaning=["a", "b", "c"],
+        obs_spec={"state": ((5,), "float32")},
+        action_dim=3,
+    )
+    rng = np.random.default_rng(0)
+    for e in range(n_episodes):
+        actions = rng.uniform(-1, 1, (length, 3)).astype(np.float32)
+        store.append(
+            Episode(
+                obs={"state": rng.normal(size=(length, 5)).astype(np.float32)},
+                final_obs={"state": rng.normal(size=5).astype(np.float32)},
+                actions=actions,
+                rewards=actions[:, 0].copy(),
+                terminated=bool(e % 2),
+                truncated=not e % 2,
+                instruction="",
+                target="",
+                route=None,
+                success=bool(e % 2),
+                seed=e,
+            )
+        )
+    return store
+
+
+def test_update_on_tiny_offline_data_and_critic_learns_a_fixed_batch(tmp_path):
+    store = _tiny_store(tmp_path / "s.zarr")
+    ds = ChunkTransitionDataset(store, ["state"], horizon_obs=2, horizon_pred=8, horizon_exec=4)
+    actor = diffusion_actor(steps=3)
+    algo = DiffusionQL(
+        actor, tiny_critic(actor), DiffusionQLConfig(grad_steps_through_chain=2, critic_lr=3e-3), engine()
+    )
+    algo.engine.prepare(algo)
+    ema_before = [p.clone() for p in algo.actor_ema.parameters()]
+    loader = DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+    for i, b in enumerate(loader):
+        logs = algo.update({**b, "progress": 0.5})
+        assert all(np.isfinite(v) for v in logs.values()), logs
+        if i == 3:
+            break
+    assert algo.n_updates == 4 and {"critic_loss", "actor_loss", "actor_bc_loss", "actor_q_loss", "eta"} <= set(logs)
+    assert any(not torch.equal(a, b) for a, b in zip(algo.actor_ema.parameters(), ema_before, strict=True))
+    fixed = next(iter(DataLoader(ds, batch_size=16)))
+    losses = [algo.update(fixed)["critic_loss"] for _ in range(40)]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+
+
+def test_eta_schedule_and_micro_batches():
+    actor = diffusion_actor(steps=2)
+    cfg = DiffusionQLConfig(eta=2.0, eta_schedule="linear", eta_warmup_steps=4)
+    algo = DiffusionQL(actor, tiny_critic(actor), cfg, engine())
+    assert algo.eta() == 0.0
+    algo.n_updates = 2
+    assert algo.eta() == pytest.approx(1.0)
+    algo.n_updates = 10
+    assert algo.eta() == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="eta_schedule"):
+        DiffusionQLConfig(eta_schedule="cosine")
+    # a list is the engine's accumulate micro-batches of one step (engine accumulate=1 here: one of them)
+    assert np.isfinite(algo.update([batch(4)])["critic_loss"]) and algo.n_updates == 11
+
+
+def test_best_of_n_picks_the_critics_favourite_and_the_actor_saves_alone(tmp_path):
+    actor = _opened(diffusion_actor(steps=2, eta=1.0))  # stochastic DDIM: N different samples
+    algo = DiffusionQL(actor, tiny_critic(actor), DiffusionQLConfig(n_action_samples=5), engine())
+    ranked = algo.evaluation_policy()
+    assert isinstance(ranked, CriticRankedPolicy) and ranked.actor is algo.policy
+    obs = batch(2)["obs"]
+    torch.manual_seed(3)
+    best = ranked.predict_chunk(obs)
+    torch.manual_seed(3)
+    rep = {"state": obs["state"].repeat_interleave(5, 0)}
+    with torch.no_grad():
+        samples = algo.policy._sample_chunk(algo.policy.encode(rep))  # (2·5, Tp, Da) normalised, same noise
+        q = algo.critic_target(rep, algo.critic.executed(samples)).min(0).values.view(2, 5)
+    expected = algo.policy.normalizer.unnormalize("actions", samples.view(2, 5, 8, 3)[torch.arange(2), q.argmax(1)])
+    torch.testing.assert_close(best, expected.clamp(-1, 1))
+    assert ranked.act({"state": np.zeros(5, np.float32)}).shape == (3,)
+    save_policy(tmp_path / "ckpt", algo.policy)
+    loaded, _ = load_policy(tmp_path / "ckpt")
+    torch.testing.assert_close(
+        loaded.state_dict()["denoiser.head.weight"], algo.policy.state_dict()["denoiser.head.weight"]
+    )
+
+
+def test_td3_bc_update_delays_the_actor():
+    actor = gaussian_actor()
+    algo = TD3BC(actor, tiny_critic(actor), TD3BCConfig(policy_delay=2), engine())
+    algo.engine.prepare(algo)
+    actor_before = [p.clone() for p in actor.parameters()]
+    first = algo.update(batch(8))
+    assert "actor_loss" not in first and all(
+        torch.equal(a, b) for a, b in zip(actor.parameters(), actor_before, strict=True)
+    )
+    second = algo.update(batch(8, seed=1))
+    assert np.isfinite(second["actor_loss"]) and second["actor_lambda"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(actor.parameters(), actor_before, strict=True))
+    assert algo.policy is actor and algo.evaluation_policy() is actor
+    with pytest.raises(ValueError, match="--policy gaussian"):
+        TD3BC(diffusion_actor(), tiny_critic(actor), TD3BCConfig(), engine())

@@ -1,0 +1,123 @@
+"""CLI smoke runs of offline RL: dmrl train --algo diffusion-ql | td3-bc, eval of the exported actor, --init, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from dmrl.cli import main
+from dmrl.train.checkpoint import load_policy
+
+TINY = [
+    "--batch-size",
+    "8",
+    "--chunk.horizon",
+    "8",
+    "--chunk.n-action-steps",
+    "4",
+    "--chunk.encoder.width",
+    "32",
+    "--diffusion.num-train-steps",
+    "20",
+    "--diffusion.num-inference-steps",
+    "3",
+    "--diffusion.denoiser-kwargs",
+    "hidden_dim",
+    "32",
+    "--critic.hidden",
+    "32",
+    "--critic.depth",
+    "2",
+]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d.zarr"
+    assert main(["collect", "--out", str(out), "--episodes", "3", "--workers", "0", "--obs-modes", "state"]) == 0
+    return out
+
+
+def _train(dataset, run, *extra) -> int:
+    return main(["train", "--dataset", str(dataset), "--out", str(run), *TINY, *extra])
+
+
+def test_diffusion_ql_train_eval_and_init_from_bc(tmp_path, dataset, capsys):
+    bc = tmp_path / "bc"
+    assert _train(dataset, bc, "--steps", "3") == 0
+    run = tmp_path / "dql"
+    args = ["--algo", "diffusion-ql", "--steps", "5", "--init", str(bc / "checkpoint"), "--val-every", "5"]
+    assert _train(dataset, run, *args, "--diffusion-ql.grad-steps-through-chain", "2") == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["step"] == 5 and {"critic_loss", "actor_loss", "actor_q_loss", "val_loss"} <= set(lines[-1])
+    policy, meta = load_policy(run / "checkpoint")  # the actor alone, a plain diffusion policy
+    assert policy.name == "diffusion" and meta["algo"] == "diffusion-ql" and meta["init"] == str(bc / "checkpoint")
+    # The BC actor's normaliser came with --init (its weights then moved for 5 steps).
+    bc_policy, _ = load_policy(bc / "checkpoint")
+    torch.testing.assert_close(policy.normalizer.actions_scale, bc_policy.normalizer.actions_scale)
+    capsys.readouterr()
+    assert (
+        main(["eval", "--checkpoint", str(run / "checkpoint"), "--episodes", "1", "--envs", "1", "--gif-episodes", "0"])
+        == 0
+    )
+    assert json.loads((run / "eval" / "eval.json").read_text())["episodes"] == 1
+    # --init whose settings differ from the run's: one line naming the key
+    bad = ["--algo", "diffusion-ql", "--steps", "1", "--init", str(bc / "checkpoint"), "--chunk.n-action-steps", "2"]
+    assert _train(dataset, tmp_path / "bad", *bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "chunk.n_action_steps" in err[0], err
+
+
+def test_td3_bc_runs_and_resumes_exactly(tmp_path, dataset):
+    run = tmp_path / "td3"
+    args = [
+        "--algo",
+        "td3-bc",
+        "--policy",
+        "gaussian",
+        "--gaussian.hidden",
+        "32",
+        "--steps",
+        "6",
+        "--engine.save-every",
+        "2",
+    ]
+    assert _train(dataset, run, *args) == 0
+    full = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert full["step"] == 6 and "actor_loss" in full and load_policy(run / "checkpoint")[0].name == "gaussian"
+    # Drop the final state: the resumed run restarts from step 4 (critic, targets, both optimizers, RNG, counter).
+    shutil.rmtree(run / "state" / "step_00000006")
+    assert _train(dataset, run, *args, "--resume") == 0
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [6]
+    for key in ("critic_loss", "critic_q", "actor_loss", "actor_bc_loss"):
+        assert lines[-1][key] == pytest.approx(full[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["train", "--algo", "sac"], "--algo"),
+        (["train", "--algo", "td3-bc"], "--policy gaussian"),
+        (["train", "--init", "/nonexistent/ckpt"], "--init"),
+        (["train", "--diffusion-ql.eta-schedule", "cosine"], "eta_schedule"),
+    ],
+)
+def test_bad_offline_rl_input_is_one_line(args, match, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+
+
+def test_bc_run_from_before_the_algo_keys_still_resumes(tmp_path, dataset):
+    run = tmp_path / "old"
+    args = ["train", "--dataset", str(dataset), "--out", str(run), *TINY[:8], "--steps", "2"]  # critic at defaults
+    assert main(args) == 0
+    saved = json.loads((run / "config.json").read_text())
+    for key in ("algo", "init", "critic", "diffusion_ql", "td3_bc"):
+        del saved[key]
+    (run / "config.json").write_text(json.dumps(saved))
+    assert main([*args, "--resume"]) == 0
