@@ -2,7 +2,7 @@
 torch.compile speed-up and compile time, and training throughput (precision, accumulation, torchrun ranks).
 
 Run: ``python benchmarks/engine.py [--only memory compile throughput]``.
-Writes benchmarks/results/engine_memory.{json,md}, engine_compile.*, engine_throughput.*.
+Writes benchmarks/results/engine_memory.{json,md}, engine_precision.*, engine_compile.*, engine_throughput.*.
 
 Every number is one diffusion-policy training step (forward, backward, AdamW) through dmrl.train.engine on
 synthetic MultiPathGrasp-shaped batches: state (B, 2, 31), action chunk (B, 16, 6). Activation memory is the
@@ -147,6 +147,36 @@ def bench_compile(batch: int = 256, steps: int = 40) -> None:
     write_results("engine_compile", rows, meta, list(rows[0]))
 
 
+def bench_precision(steps: int = 12) -> None:
+    from dmrl.train.engine.device import cpu_has_native
+
+    rows = []
+    for name in DENOISERS:
+        batch = 256 if name == "mlp" else 64
+        ms = {}
+        for precision in ("fp32", "bf16"):
+            engine = Engine(EngineConfig(device="cpu", precision=precision))
+            ms[precision] = 1e3 * statistics.median(_step_times(engine, _policy(name), _batch(batch), steps)[3:])
+        rows.append(
+            {
+                "denoiser": name,
+                "batch": batch,
+                "fp32_ms": ms["fp32"],
+                "bf16_ms": ms["bf16"],
+                "bf16_over_fp32": ms["bf16"] / ms["fp32"],
+            }
+        )
+        print(rows[-1], flush=True)
+    meta = {
+        **machine(),
+        "command": "python benchmarks/engine.py --only precision",
+        "cpu_native_bf16": cpu_has_native("bf16"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+    }
+    write_results("engine_precision", rows, meta, list(rows[0]))
+
+
 def _synthetic_store(path: Path, episodes: int = 40, length: int = 60) -> None:
     from dmrl.data import EpisodeStore
     from dmrl.types import Episode
@@ -215,12 +245,13 @@ def bench_throughput() -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", nargs="+", default=["memory", "compile", "throughput"])
+    ap.add_argument("--only", nargs="+", default=["memory", "precision", "compile", "throughput"])
     args = ap.parse_args()
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*far slower.*")
     for name in args.only:
-        {"memory": bench_memory, "compile": bench_compile, "throughput": bench_throughput}[name]()
+        benches = {"memory": bench_memory, "precision": bench_precision, "compile": bench_compile}
+        {**benches, "throughput": bench_throughput}[name]()
 
 
 if __name__ == "__main__":

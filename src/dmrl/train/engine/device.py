@@ -68,11 +68,26 @@ def resolve_device(name: str, local_rank: int | None = None) -> torch.device:
     return torch.device(kind, i)
 
 
+def cpu_has_native(precision: str) -> bool:
+    """Whether this CPU computes ``precision`` natively (oneDNN: AVX512-BF16 / AMX for bf16, AVX512-FP16 / AMX-FP16
+    for fp16). Without it autocast emulates the type and is far slower than fp32."""
+    check = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}.get(precision)
+    if check is None:
+        return True
+    try:
+        return bool(getattr(torch.ops.mkldnn, check)())
+    except (AttributeError, RuntimeError):  # a private oneDNN query: assume the slow case if it is gone
+        return False
+
+
 def resolve_precision(name: str, device: torch.device) -> str:
     """``auto`` -> fp32 on CPU, bf16 on CUDA where supported else fp16, fp16 on NPU; checks explicit choices.
 
-    CPU defaults to fp32 because on CPUs without AMX/AVX512-BF16 autocast is far slower (measured ~17x on this
-    project's 2-core VMs); asking for it anyway warns instead of failing, since it is still correct.
+    CPU defaults to fp32: it is exact, and on CPUs without native bf16/fp16 autocast is emulated and far slower
+    (~17x on the project's reference machines). Asking for it on such a CPU warns instead of failing, since the
+    result is still correct. Where the CPU has it natively (this project's 2-core AMD EPYC VMs have AVX512-BF16),
+    bf16 is allowed silently; measured there, a bf16 training step took 0.66-1.17x the fp32 time
+    (benchmarks/results/engine_precision.md).
     """
     if name not in PRECISIONS:
         raise ValueError(f"--engine.precision: got {name!r}; allowed: {', '.join(PRECISIONS)}")
@@ -81,10 +96,10 @@ def resolve_precision(name: str, device: torch.device) -> str:
         if kind == "cuda":
             return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
         return "fp16" if kind == "npu" else "fp32"
-    if kind == "cpu" and name != "fp32":
+    if kind == "cpu" and not cpu_has_native(name):
         warnings.warn(
-            f"--engine.precision {name} on CPU: autocast is emulated on most CPUs and far slower than fp32 "
-            "(~17x measured here); use fp32 unless this CPU has AMX / AVX512-BF16",
+            f"--engine.precision {name} on CPU: this CPU has no native {name}, so autocast emulates it and is "
+            "far slower than fp32 (~17x on such machines); use fp32",
             stacklevel=2,
         )
     if kind == "cuda" and name == "bf16" and not torch.cuda.is_bf16_supported():
