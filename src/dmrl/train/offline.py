@@ -27,6 +27,7 @@ from dmrl.train.checkpoint import save_policy
 from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
 from dmrl.train.engine.device import fork_rng
 from dmrl.train.engine.distributed import barrier
+from dmrl.train.logging import RunLog
 
 
 class EMA:
@@ -114,15 +115,6 @@ def _prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     barrier(engine.dist)
     return out
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    if not path.is_file():
-        return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", 0) <= step]
-    tmp = path.with_suffix(".jsonl.partial")
-    tmp.write_text("".join(line + "\n" for line in keep))
-    tmp.replace(path)
 
 
 def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy, dict]:
@@ -224,16 +216,8 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         # shift) the global stream that the training noise and a resumed run's restored RNG state share.
         generator=torch.Generator().manual_seed(cfg.seed),
     )
-    writer = log = None
-    if main:
-        from torch.utils.tensorboard import SummaryWriter
-
-        # A resumed run drops what the interrupted one logged after its last saved state, so curves never
-        # show two values for one step.
-        writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
-        if start:
-            _truncate_log(out / "metrics.jsonl", start)
-        log = (out / "metrics.jsonl").open("a")
+    # A resumed run drops what the interrupted one logged after its last saved state.
+    log = RunLog(out, start, enabled=main)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.policy}", disable=not (progress and main), unit="step")
     batches, t0, step = iter(loader), time.perf_counter(), start
     try:
@@ -261,12 +245,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
                 }
                 if val_ds is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                     rec["val_loss"] = validation_loss(ema.model, val_ds, cfg, engine.device)
-                if main:
-                    log.write(json.dumps(rec) + "\n")
-                    log.flush()
-                    for k, v in rec.items():
-                        if k != "step":
-                            writer.add_scalar(k, v, step)
+                log.write(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}")
                 summary = rec
             bar.update(1)
@@ -281,9 +260,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         raise
     finally:
         bar.close()
-        if main:
-            log.close()
-            writer.close()
+        log.close()
     engine.check_replicas(policy)
     save(step)
     meta = {

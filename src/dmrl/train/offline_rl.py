@@ -24,10 +24,10 @@ from dmrl.data import ChunkTransitionDataset, EpisodeStore, SequenceDataset, spl
 from dmrl.policies import ChunkPolicy
 from dmrl.train.checkpoint import load_policy, save_policy
 from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.logging import RunLog
 from dmrl.train.offline import (
     _flat,
     _prepare_out,
-    _truncate_log,
     build_from_store,
     env_kwargs_from_store,
     validation_loss,
@@ -117,12 +117,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
         pin_memory=engine.pin_memory,
         generator=torch.Generator().manual_seed(cfg.seed),  # not the global stream (see train_bc)
     )
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
-    if start:
-        _truncate_log(out / "metrics.jsonl", start)
-    log = (out / "metrics.jsonl").open("a")
+    log = RunLog(out, start)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.algo}", disable=not progress, unit="step")
     batches, t0, step = iter(loader), time.perf_counter(), start
     try:
@@ -142,11 +137,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
                 }
                 if val_ds is not None and (step % cfg.val_every == 0 or step == cfg.steps):
                     rec["val_loss"] = validation_loss(algo.policy, val_ds, cfg, engine.device)
-                log.write(json.dumps(rec) + "\n")
-                log.flush()
-                for k, v in rec.items():
-                    if k != "step":
-                        writer.add_scalar(k, v, step)
+                log.write(rec)
                 bar.set_postfix(critic_loss=f"{rec['critic_loss']:.4f}")
                 summary = rec
             bar.update(1)
@@ -159,7 +150,6 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
     finally:
         bar.close()
         log.close()
-        writer.close()
     save(step)
     meta = {
         "env_id": store.attrs["env_id"],
