@@ -154,6 +154,21 @@ def env_kwargs_from_store(store: EpisodeStore) -> dict[str, Any]:
     return out
 
 
+def make_loader(ds: SequenceDataset, cfg: TrainConfig, engine: Engine, start_step: int) -> DataLoader:
+    """This rank's micro-batches of ``ds`` from global step ``start_step`` on (endless; see GlobalBatchSampler)."""
+    sampler = GlobalBatchSampler(len(ds), cfg.batch_size, cfg.engine.accumulate, engine.dist, cfg.seed, start_step)
+    return DataLoader(
+        ds,
+        batch_sampler=sampler,
+        num_workers=cfg.num_workers,
+        multiprocessing_context=engine.worker_start_method if cfg.num_workers else None,
+        pin_memory=engine.pin_memory,
+        # Its own generator: starting an iterator draws a worker base seed, which must not come from (and so
+        # shift) the global stream that the training noise and a resumed run's restored RNG state share.
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+
+
 def train_bc(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     """Train, save ``out/checkpoint`` and return a summary (final losses, samples/s, optional evaluation).
 
@@ -205,17 +220,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         save_state(out, step, engine.dist, tensors, objects, cfg.engine.keep_last)
 
     acc = cfg.engine.accumulate
-    sampler = GlobalBatchSampler(len(train_ds), cfg.batch_size, acc, engine.dist, cfg.seed, start_step=start)
-    loader = DataLoader(
-        train_ds,
-        batch_sampler=sampler,
-        num_workers=cfg.num_workers,
-        multiprocessing_context=engine.worker_start_method if cfg.num_workers else None,
-        pin_memory=engine.pin_memory,
-        # Its own generator: starting an iterator draws a worker base seed, which must not come from (and so
-        # shift) the global stream that the training noise and a resumed run's restored RNG state share.
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
+    loader = make_loader(train_ds, cfg, engine, start)
     # A resumed run drops what the interrupted one logged after its last saved state.
     log = RunLog(out, start, enabled=main)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.policy}", disable=not (progress and main), unit="step")

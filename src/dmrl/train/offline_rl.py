@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from dmrl.algos import ALGOS, ChunkCritic
@@ -23,13 +21,14 @@ from dmrl.config import TrainConfig, to_dict
 from dmrl.data import ChunkTransitionDataset, EpisodeStore, SequenceDataset, split_episodes
 from dmrl.policies import ChunkPolicy
 from dmrl.train.checkpoint import load_policy, save_policy
-from dmrl.train.engine import Engine, GlobalBatchSampler, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.engine import Engine, load_latest_state, save_state, shutdown_distributed
 from dmrl.train.logging import RunLog
 from dmrl.train.offline import (
     _flat,
     _prepare_out,
     build_from_store,
     env_kwargs_from_store,
+    make_loader,
     validation_loss,
 )
 
@@ -108,15 +107,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
         save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
 
     acc = cfg.engine.accumulate
-    sampler = GlobalBatchSampler(len(train_ds), cfg.batch_size, acc, engine.dist, cfg.seed, start_step=start)
-    loader = DataLoader(
-        train_ds,
-        batch_sampler=sampler,
-        num_workers=cfg.num_workers,
-        multiprocessing_context=engine.worker_start_method if cfg.num_workers else None,
-        pin_memory=engine.pin_memory,
-        generator=torch.Generator().manual_seed(cfg.seed),  # not the global stream (see train_bc)
-    )
+    loader = make_loader(train_ds, cfg, engine, start)
     log = RunLog(out, start)
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.algo}", disable=not progress, unit="step")
     batches, t0, step = iter(loader), time.perf_counter(), start
