@@ -1,4 +1,4 @@
-"""Command line: ``dmrl collect | info | demo | train | eval | compare`` over typed dataclass configs (tyro).
+"""Command line: ``dmrl collect | info | demo | train | eval | compare | export`` over typed dataclass configs (tyro).
 
 Every command accepts ``--config PRESET.yaml`` (a YAML of config overrides, see configs/) before its flags;
 flags override the preset. Bad input of any kind is reported as one line on stderr with exit status 2.
@@ -54,6 +54,7 @@ def _run_train(cfg) -> None:
 def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.config import TrainConfig
     from dmrl.envs.collect import CollectConfig
+    from dmrl.export.cli import ExportConfig, run_export
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.evaluate_cli import EvalConfig, run_eval
 
@@ -67,6 +68,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
         ),
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
+        "export": (ExportConfig, run_export, "a diffusion checkpoint's chunk planner as a checked ONNX graph"),
         "demo": (DemoConfig, run_demo, "the main job on its embedded default (make demo)"),
     }
 

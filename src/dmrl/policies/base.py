@@ -10,7 +10,7 @@ rescales), and instructions are tokenized by the text encoder. Normalising them 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -124,7 +124,13 @@ class ChunkPolicy(nn.Module):
         self.encoder: LowDimEncoder | MultimodalEncoder
         self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
         self.chunk = chunk
+        self._planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None
         self.reset()
+
+    def set_planner(self, planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None) -> None:
+        """Plan chunks in ``act`` with ``planner(obs {key: (B, To, ...)}) -> raw chunk (B, Tp, Da)`` instead of
+        ``predict_chunk`` (e.g. an exported graph, :class:`dmrl.export.OnnxPlanner`); None restores torch."""
+        self._planner = planner
 
     # ------------------------------------------------------------------ training side
     def encode_tokens(self, obs: Mapping[str, Tensor | list[str]]) -> EncoderOutput:
@@ -205,7 +211,8 @@ class ChunkPolicy(nn.Module):
         self._fresh[:] = False
         need = np.flatnonzero(self._qpos >= ta)
         if len(need):
-            chunk = self.predict_chunk(select(self._hist, need))
+            plan = self._planner if self._planner is not None else self.predict_chunk
+            chunk = plan(select(self._hist, need)).to(device)
             # The chunk starts at the oldest observed frame: action To-1 is the one for the current step.
             self._queue[torch.as_tensor(need, device=device)] = chunk[:, to - 1 : to - 1 + ta]
             self._qpos[need] = 0

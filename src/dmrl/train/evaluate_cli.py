@@ -28,6 +28,9 @@ class EvalConfig:
     """Instruction paraphrases at reset: train, heldout or all."""
     inference_steps: int | None = None
     """Override the diffusion policy's DDIM steps."""
+    onnx: Path | None = None
+    """Plan chunks with this exported graph (``dmrl export``) in onnxruntime instead of torch; the checkpoint still
+    gives the settings, the history and the action queue. Reported as planner in eval.json."""
     drop_modality: tuple[str, ...] = ()
     """Modalities withheld from the policy (e.g. --drop-modality depth, or several: rgb depth); its multimodal
     encoder masks them. The env is unchanged. Reported as dropped_modalities in eval.json."""
@@ -61,6 +64,10 @@ def run_eval(cfg: EvalConfig) -> dict:
         if not hasattr(policy, "set_sampler"):
             raise ValueError(f"--inference-steps applies to diffusion policies; {cfg.checkpoint} is {policy.name}")
         policy.set_sampler(cfg.inference_steps)
+    if cfg.onnx is not None:
+        from dmrl.export import OnnxPlanner
+
+        policy.set_planner(OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads))
     drop = check_drop(policy, cfg.drop_modality)
     env_id = cfg.env or meta.get("env_id", "dmrl/MultiPathGrasp-v0")
     # The training store's image size / cameras / cups (meta.env_kwargs) so observations match the policy.
@@ -77,6 +84,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         "policy": policy.name,
         "obs_keys": list(policy.chunk.obs_keys),
         "dropped_modalities": list(drop),
+        "planner": f"onnxruntime:{cfg.onnx}" if cfg.onnx is not None else "torch",
         "seeds": [seeds[0], seeds[-1]],
         **result.summary(),
     }
