@@ -19,10 +19,13 @@ Python (:meth:`ChunkPolicy.act`), with :class:`OnnxPlanner` plugged in through `
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,18 @@ def example_inputs(spec: dict[str, tuple[tuple[int, ...], str]], seed: int = 0) 
     return out
 
 
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    """Raise a logger to ERROR for a block (the exporter logs every torchvision op it skips, we have none)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 @dataclass
 class ExportReport:
     path: Path
@@ -125,7 +140,7 @@ def export_onnx(
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial.onnx")
     os.close(fd)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _quiet("torch.onnx"):
             warnings.simplefilter("ignore")  # the exporter's advisory chatter; failures still raise
             torch.onnx.export(
                 graph,
