@@ -102,6 +102,8 @@ class ChunkPolicy(nn.Module):
     """
 
     name = "base"
+    # A class default, so wrappers that build their own state (CriticRankedPolicy) plan with predict_chunk too.
+    _planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None
 
     def __init__(
         self,
@@ -124,7 +126,6 @@ class ChunkPolicy(nn.Module):
         self.encoder: LowDimEncoder | MultimodalEncoder
         self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
         self.chunk = chunk
-        self._planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None
         self.reset()
 
     def set_planner(self, planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None) -> None:
