@@ -41,7 +41,9 @@ def _run_collect(cfg) -> None:
 
 
 def _run_train(cfg) -> None:
-    if cfg.algo == "bc":
+    if cfg.online:
+        from dmrl.train.online import train_online as train
+    elif cfg.algo == "bc":
         from dmrl.train.offline import train_bc as train
     else:
         from dmrl.train.offline_rl import train_offline_rl as train

@@ -95,6 +95,7 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
 # Experiment configs (composed of the component dataclasses; every field documented, checked in __post_init__)
 # --------------------------------------------------------------------------------------------------------------
 from dmrl.algos import ALGOS, CriticConfig, DiffusionQLConfig, TD3BCConfig  # noqa: E402
+from dmrl.data.replay import ReplayConfig  # noqa: E402
 from dmrl.policies import POLICIES, ChunkConfig  # noqa: E402
 from dmrl.policies.diffusion import DiffusionPolicyConfig  # noqa: E402
 from dmrl.policies.gaussian import GaussianPolicyConfig  # noqa: E402
@@ -113,6 +114,48 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if not (self.lr > 0 and self.weight_decay >= 0 and self.warmup_steps >= 0):
             raise ValueError(f"optim: need lr > 0, weight_decay >= 0, warmup_steps >= 0; got {self}")
+
+
+@dataclasses.dataclass
+class OnlineConfig:
+    """``dmrl train --online``: collector processes, replay, publishing and evaluation of online actor-critic."""
+
+    n_collectors: int = 2
+    """Collector processes, each stepping envs_per_collector envs with the newest published actor."""
+    envs_per_collector: int = 1
+    """Envs per collector, stepped one after another (chunk by chunk)."""
+    publish_every: int = 10
+    """Updates between publishing the actor's weights to the collectors."""
+    learning_starts: int = 1000
+    """Chunk transitions in the replay buffer before the first update."""
+    env_steps: int = 0
+    """Stop after this many env steps collected in total (0: no limit; --steps bounds the updates)."""
+    eval_every: int = 0
+    """Updates between evaluations of a frozen actor snapshot in the evaluator process (0: none)."""
+    eval_episodes: int = 4
+    """Episodes per evaluation, seeds eval_seed, eval_seed + 1, ..."""
+    exploration_noise: float = 0.1
+    """Std of Gaussian noise added to the collectors' actions (env units, then clipped to [-1, 1])."""
+    max_episode_steps: int = 0
+    """Env steps per episode in collectors and evaluator (0: the env's default)."""
+    replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
+
+    def __post_init__(self) -> None:
+        if self.n_collectors < 1 or self.envs_per_collector < 1 or self.publish_every < 1:
+            raise ValueError(
+                f"online: need n_collectors, envs_per_collector, publish_every >= 1; got {self.n_collectors}, "
+                f"{self.envs_per_collector}, {self.publish_every}"
+            )
+        if self.learning_starts < 1 or self.env_steps < 0 or self.eval_every < 0 or self.eval_episodes < 1:
+            raise ValueError(
+                f"online: need learning_starts >= 1, env_steps >= 0, eval_every >= 0, eval_episodes >= 1; got "
+                f"{self.learning_starts}, {self.env_steps}, {self.eval_every}, {self.eval_episodes}"
+            )
+        if self.exploration_noise < 0 or self.max_episode_steps < 0:
+            raise ValueError(
+                f"online: need exploration_noise >= 0 and max_episode_steps >= 0; got {self.exploration_noise}, "
+                f"{self.max_episode_steps}"
+            )
 
 
 @dataclasses.dataclass
@@ -164,6 +207,10 @@ class TrainConfig:
     """Replace an existing run directory."""
     resume: bool = False
     """Continue the run in --out from its newest training state (out/state/); the config must match."""
+    online: bool = False
+    """Train --algo diffusion-ql / td3-bc online: collectors fill a replay buffer (settings in online_rl); --steps
+    counts updates, --dataset gives the normaliser statistics and shapes."""
+    online_rl: OnlineConfig = dataclasses.field(default_factory=OnlineConfig)
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite:
@@ -181,6 +228,8 @@ class TrainConfig:
             raise ValueError(
                 "--init starts an offline-RL actor from a checkpoint: use it with --algo diffusion-ql or td3-bc"
             )
+        if self.online and self.algo == "bc":
+            raise ValueError("--online trains an actor-critic: pass --algo diffusion-ql or td3-bc")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
         if not 0.0 <= self.ema_decay < 1.0:

@@ -1,0 +1,210 @@
+"""Online actor-critic training (Diffusion-QL, TD3+BC) with asynchronous collectors (Ape-X, Horgan et al. 2018):
+collector processes fill a shared replay ring with chunk transitions, the trainer samples it (PER) and updates.
+
+The run directory is the offline one (config.json, metrics.jsonl, tb/, state/, checkpoint/ with the actor alone).
+--dataset supplies the normaliser statistics and shapes (and --init the starting weights). Ctrl-C / SIGTERM: the
+stop event ends every child, the state so far is saved, and the run can --resume (the replay ring starts empty).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dmrl.algos import ALGOS
+from dmrl.config import TrainConfig
+from dmrl.data import EpisodeStore
+from dmrl.data.replay import ReplayBuffer
+from dmrl.train.checkpoint import save_policy
+from dmrl.train.engine import Engine, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.logging import RunLog
+from dmrl.train.offline import _prepare_out, env_kwargs_from_store
+from dmrl.train.offline_rl import build_algo
+from dmrl.train.online_workers import WeightBoard, collector_main, evaluator_main, flat_weights, nest, transition_spec
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM takes Ctrl-C's path: children stopped, state saved
+
+
+class Collectors:
+    """The collector processes: started, watched (a dead one is restarted with a fresh seed) and stopped."""
+
+    def __init__(self, ctx: Any, args: Callable[[int, int], tuple], n: int) -> None:
+        self.ctx, self.args, self.procs, self.restarts = ctx, args, [], 0
+        for i in range(n):
+            self.procs.append(self._start(i, i))
+
+    def _start(self, index: int, seed: int) -> Any:
+        p = self.ctx.Process(target=collector_main, args=self.args(index, seed), daemon=True, name=f"collector{index}")
+        p.start()
+        return p
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def restart_dead(self) -> list[dict[str, Any]]:
+        """Restart every collector that died; one event record per restart."""
+        events = []
+        for i, p in enumerate(self.procs):
+            if not p.is_alive():
+                self.restarts += 1
+                seed = 1000 * self.restarts + i
+                print(f"online: collector {i} (pid {p.pid}) died with exit code {p.exitcode}; restarting", flush=True)
+                self.procs[i] = self._start(i, seed)
+                events.append({"collector_restart": i, "exitcode": p.exitcode})
+        return events
+
+
+def stop_children(procs: list[Any], stop: Any, timeout: float = 10.0) -> None:
+    """Set ``stop``, join each child for up to ``timeout`` s in all, terminate (then kill) the stragglers."""
+    stop.set()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def train_online(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict:
+    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) sees {"update", "collector_pids"}."""
+    if cfg.algo not in ALGOS:
+        raise ValueError(f"--online: --algo {cfg.algo!r} is not an actor-critic algorithm ({', '.join(ALGOS)})")
+    if not Path(cfg.dataset).exists():
+        raise FileNotFoundError(
+            f"--online needs --dataset (an episode store for the normaliser); {cfg.dataset} missing"
+        )
+    store = EpisodeStore.open(cfg.dataset)
+    engine = Engine(cfg.engine, cfg.seed)
+    try:
+        if engine.dist.enabled:
+            raise ValueError("--online runs in one process: launch it without torchrun")
+        return _train(cfg, store, engine, hook)
+    finally:
+        shutdown_distributed()
+
+
+def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable[[dict], None] | None) -> dict:
+    oc = cfg.online_rl
+    out = _prepare_out(cfg, engine)
+    algo = build_algo(cfg, store, engine)
+    engine.prepare(algo)
+    start, summary = 0, {}
+    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
+    if state is not None:
+        algo.load_state_dict(state.tensors["algo"])
+        for name, opt in algo.optimizers.items():
+            opt.load_state_dict(state.objects["optimizers"][name])
+        engine.load_state_dict(state.objects["engine"])
+        algo.n_updates, start, summary = state.objects["n_updates"], state.step, state.objects["last_log"]
+        print(f"resuming {out} from {state.path.name} (update {start} of {cfg.steps})", flush=True)
+    env_id = store.attrs["env_id"]
+    env_kwargs = {**env_kwargs_from_store(store), "obs_modes": tuple(cfg.chunk.obs_keys)}
+    if oc.max_episode_steps:
+        env_kwargs["max_steps"] = oc.max_episode_steps
+    ctx = mp.get_context("spawn")
+    actor_cpu = _cpu_copy(algo.policy)
+    buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
+    board, stop, env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
+    args = lambda i, seed: (  # noqa: E731
+        i, actor_cpu, env_id, env_kwargs, board.handle(), buf.handle(), env_steps, stop,
+        oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
+    )  # fmt: skip
+    inbox, outbox, evaluator = ctx.Queue(), ctx.Queue(), None
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    log = RunLog(out, start)
+    collectors: Collectors | None = None
+    step, rng = start, np.random.default_rng(cfg.seed + start)
+
+    def save(at: int) -> None:
+        objects = {
+            "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
+            "engine": engine.state_dict(),
+            "n_updates": algo.n_updates,
+            "last_log": summary,
+        }
+        save_state(out, at, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+
+    try:
+        collectors = Collectors(ctx, args, oc.n_collectors)
+        if oc.eval_every:
+            seeds = list(range(cfg.eval_seed, cfg.eval_seed + oc.eval_episodes))
+            evaluator = ctx.Process(
+                target=evaluator_main, args=(actor_cpu, env_id, env_kwargs, seeds, inbox, outbox, stop), daemon=True
+            )
+            evaluator.start()
+        t0 = time.perf_counter()
+        while step < cfg.steps and not (oc.env_steps and env_steps.value >= oc.env_steps):
+            for ev in collectors.restart_dead():
+                log.write({"step": step, **ev})
+            if hook is not None:
+                hook({"update": step, "collector_pids": collectors.pids})
+            buf.sync()
+            if len(buf) < oc.learning_starts:
+                time.sleep(0.05)
+                continue
+            idx, flat, weights = buf.sample(cfg.batch_size, rng, progress=min(1.0, step / cfg.steps))
+            batch = engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
+            batch["progress"] = step / cfg.steps
+            logs = algo.update(batch)
+            if "td_error" in logs:  # per-item |TD| from the critic loss: new priorities
+                buf.update_priorities(idx, np.asarray(logs.pop("td_error")))
+            step += 1
+            if step % oc.publish_every == 0:
+                board.publish(_cpu_copy(algo.policy))
+            if oc.eval_every and step % oc.eval_every == 0:
+                inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
+            while not outbox.empty():
+                log.write({"step": step, **outbox.get()})
+            if step % 10 == 0 or step == cfg.steps:
+                dt = time.perf_counter() - t0
+                rec = {"step": step, **logs, "env_steps": env_steps.value, "replay_size": len(buf),
+                       "updates_per_s": (step - start) / dt, "env_steps_per_s": env_steps.value / dt}  # fmt: skip
+                log.write(rec)
+                summary = rec
+            if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
+                save(step)
+    except KeyboardInterrupt:
+        stop_children([*(collectors.procs if collectors else []), *([evaluator] if evaluator else [])], stop)
+        if step > start:
+            save(step)
+        raise
+    finally:
+        stop_children([*(collectors.procs if collectors else []), *([evaluator] if evaluator else [])], stop)
+        signal.signal(signal.SIGTERM, old_term)
+        log.close()
+        board.close()
+        buf.close()
+        buf.unlink()
+    save(step)
+    meta = {"env_id": env_id, "env_kwargs": env_kwargs_from_store(store), "dataset": str(cfg.dataset),
+            "algo": cfg.algo, "online": True, "train_steps": step, "env_steps": env_steps.value,
+            "collector_restarts": collectors.restarts}  # fmt: skip
+    summary = {**summary, **meta}
+    save_policy(out / "checkpoint", algo.policy, meta)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _cpu_copy(policy: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(policy).cpu().eval()
+
+
+def _tensors(d: dict) -> dict:
+    return {k: _tensors(v) if isinstance(v, dict) else torch.from_numpy(np.asarray(v)) for k, v in d.items()}
