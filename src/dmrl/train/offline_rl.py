@@ -78,6 +78,31 @@ def build_algo(cfg: TrainConfig, store: EpisodeStore, engine: Engine) -> nn.Modu
     return cls(actor, critic, cfg.td3_bc, engine)
 
 
+def restore_algo_state(cfg: TrainConfig, out: Path, algo: nn.Module, engine: Engine, unit: str) -> tuple[int, dict]:
+    """With --resume, load the newest state of ``out`` into algo, its optimizers and the engine; -> (step, last log)."""
+    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
+    if state is None:
+        return 0, {}
+    algo.load_state_dict(state.tensors["algo"])
+    for name, opt in algo.optimizers.items():
+        opt.load_state_dict(state.objects["optimizers"][name])
+    engine.load_state_dict(state.objects["engine"])
+    algo.n_updates = state.objects["n_updates"]
+    print(f"resuming {out} from {state.path.name} ({unit} {state.step} of {cfg.steps})", flush=True)
+    return state.step, state.objects["last_log"]
+
+
+def save_algo_state(cfg: TrainConfig, out: Path, step: int, algo: nn.Module, engine: Engine, last_log: dict) -> None:
+    """A resumable state of the whole algorithm (actor, critic, targets, optimizers) and the engine at ``step``."""
+    objects = {
+        "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
+        "engine": engine.state_dict(),
+        "n_updates": algo.n_updates,
+        "last_log": last_log,
+    }
+    save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+
+
 def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool) -> dict[str, Any]:
     out = _prepare_out(cfg, engine)
     train_eps, val_eps = split_episodes(store.n_episodes, cfg.val_fraction, cfg.seed)
@@ -87,24 +112,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
     ds_kw = dict(obs_keys=c.obs_keys, horizon_obs=c.n_obs_steps, horizon_pred=c.horizon, horizon_exec=c.n_action_steps)
     train_ds = ChunkTransitionDataset(store, episodes=train_eps, **ds_kw)
     val_ds = SequenceDataset(store, episodes=val_eps, **ds_kw) if len(val_eps) else None
-    start, summary = 0, {}
-    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
-    if state is not None:
-        algo.load_state_dict(state.tensors["algo"])
-        for name, opt in algo.optimizers.items():
-            opt.load_state_dict(state.objects["optimizers"][name])
-        engine.load_state_dict(state.objects["engine"])
-        algo.n_updates, start, summary = state.objects["n_updates"], state.step, state.objects["last_log"]
-        print(f"resuming {out} from {state.path.name} (step {start} of {cfg.steps})", flush=True)
+    start, summary = restore_algo_state(cfg, out, algo, engine, "step")
 
     def save(step: int) -> None:
-        objects = {
-            "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
-            "engine": engine.state_dict(),
-            "n_updates": algo.n_updates,
-            "last_log": summary,
-        }
-        save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+        save_algo_state(cfg, out, step, algo, engine, summary)
 
     acc = cfg.engine.accumulate
     loader = make_loader(train_ds, cfg, engine, start)

@@ -24,10 +24,10 @@ from dmrl.config import TrainConfig
 from dmrl.data import EpisodeStore
 from dmrl.data.replay import ReplayBuffer
 from dmrl.train.checkpoint import save_policy
-from dmrl.train.engine import Engine, load_latest_state, save_state, shutdown_distributed
+from dmrl.train.engine import Engine, shutdown_distributed
 from dmrl.train.logging import RunLog
 from dmrl.train.offline import _prepare_out, env_kwargs_from_store
-from dmrl.train.offline_rl import build_algo
+from dmrl.train.offline_rl import build_algo, restore_algo_state, save_algo_state
 from dmrl.train.online_workers import WeightBoard, collector_main, evaluator_main, flat_weights, nest, transition_spec
 
 
@@ -103,15 +103,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
     out = _prepare_out(cfg, engine)
     algo = build_algo(cfg, store, engine)
     engine.prepare(algo)
-    start, summary = 0, {}
-    state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
-    if state is not None:
-        algo.load_state_dict(state.tensors["algo"])
-        for name, opt in algo.optimizers.items():
-            opt.load_state_dict(state.objects["optimizers"][name])
-        engine.load_state_dict(state.objects["engine"])
-        algo.n_updates, start, summary = state.objects["n_updates"], state.step, state.objects["last_log"]
-        print(f"resuming {out} from {state.path.name} (update {start} of {cfg.steps})", flush=True)
+    start, summary = restore_algo_state(cfg, out, algo, engine, "update")
     env_id = store.attrs["env_id"]
     env_kwargs = {**env_kwargs_from_store(store), "obs_modes": tuple(cfg.chunk.obs_keys)}
     if oc.max_episode_steps:
@@ -131,13 +123,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
     step, rng = start, np.random.default_rng(cfg.seed + start)
 
     def save(at: int) -> None:
-        objects = {
-            "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
-            "engine": engine.state_dict(),
-            "n_updates": algo.n_updates,
-            "last_log": summary,
-        }
-        save_state(out, at, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+        save_algo_state(cfg, out, at, algo, engine, summary)
 
     try:
         collectors = Collectors(ctx, args, oc.n_collectors)
