@@ -109,7 +109,8 @@ def test_update_on_tiny_offline_data_and_critic_learns_a_fixed_batch(tmp_path):
     loader = DataLoader(ds, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
     for i, b in enumerate(loader):
         logs = algo.update({**b, "progress": 0.5})
-        assert all(np.isfinite(v) for v in logs.values()), logs
+        assert all(np.all(np.isfinite(v)) for v in logs.values()), logs
+        assert logs["td_error"].shape == (8,)
         if i == 3:
             break
     assert algo.n_updates == 4 and {"critic_loss", "actor_loss", "actor_bc_loss", "actor_q_loss", "eta"} <= set(logs)

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,3 +89,77 @@ def test_collector_transition_matches_dataset_item(dataset):
         elif torch.is_tensor(v):
             assert mine[k].shape == v.shape and mine[k].dtype == v.dtype, k
     assert not bool(items[-1]["next_valid"]) or items[-1]["valid"].all()
+
+
+def test_td3_bc_online_td_errors_move_priorities_off_the_max(tmp_path, dataset):
+    """Sampled slots get p = (|TD| + eps)^alpha from the critic step; fresh ones keep the max priority."""
+    seen = {}
+
+    def hook(info):
+        buf = info["replay"]
+        if info["update"] == 5 and len(buf):
+            seen["p"] = buf.priorities(np.arange(len(buf)))
+
+    cfg = _cfg(dataset, tmp_path / "run", steps=6, algo="td3-bc", policy="gaussian")
+    summary = train_online(cfg, progress=False, hook=hook)
+    assert summary["train_steps"] == 6
+    p = seen["p"]
+    assert len(np.unique(np.round(p, 9))) > 2, p  # not all at the initial max: TD errors were written back
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(isinstance(x.get("td_error", 0.0), float) for x in lines)
+    assert not mp.active_children()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in os.listdir("/proc"):
+        if stat.isdigit():
+            try:
+                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(stat))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
+    import subprocess
+    import sys
+
+    import yaml
+
+    run = tmp_path / "run"
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "online"}))
+    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--online", "--dataset", str(dataset),
+            "--out", str(run), "--steps", "100000", "--online-rl.n-collectors", "2"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        metrics = run / "metrics.jsonl"
+        while time.monotonic() < deadline and proc.poll() is None:
+            if metrics.exists() and '"critic_loss"' in metrics.read_text():
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()
+        kids = _children(proc.pid)
+        assert len([k for k in kids if _alive(k)]) >= 2  # the two collectors (plus spawn's resource tracker)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    time.sleep(1.0)
+    assert not [k for k in kids if _alive(k)], "orphaned child processes"
+    assert list((run / "state").iterdir()), "no state saved on SIGTERM"

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,11 +39,17 @@ def as_micro_batches(batch: dict | list[dict]) -> list[dict]:
 def backward_micro(engine: Stepper, loss_fn: Callable[[dict], dict[str, Tensor]], micro: list[dict]) -> dict:
     """Backward ``loss_fn`` (batch -> {"loss": scalar, ...}) over one step's micro-batches; their mean logs.
 
+    Scalar outputs are averaged over the micro-batches into floats; per-item outputs (e.g. "td_error" (b,)) are
+    concatenated in batch order into one numpy array (B,), so the trainer can match them to the sampled slots.
     The engine divides each loss by engine.cfg.accumulate, so ``micro`` must hold that many batches.
     """
-    logs: dict[str, float] = {}
+    logs: dict[str, Any] = {}
+    per_item: dict[str, list[np.ndarray]] = {}
     for k, mb in enumerate(micro):
         out = engine.forward_backward(loss_fn, mb, last=k == len(micro) - 1)
         for name, v in out.items():
-            logs[name] = logs.get(name, 0.0) + float(v.detach()) / len(micro)
-    return logs
+            if v.ndim == 0:
+                logs[name] = logs.get(name, 0.0) + float(v.detach()) / len(micro)
+            else:
+                per_item.setdefault(name, []).append(v.detach().float().cpu().numpy())
+    return logs | {name: np.concatenate(parts) for name, parts in per_item.items()}

@@ -136,6 +136,19 @@ def chunk_td_target(
     return ret + gamma**ta * bootstrap * next_q.float()
 
 
+def td_regression(q: Tensor, y: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Critic loss and per-item TD error: q (E, B) from the online heads, y (B,) target, weights (B,) or None.
+
+    loss = sum_e mean_b w_b (q_eb - y_b)^2 (PER's importance weights w correct the prioritised sampling bias;
+    None = all ones); td_error (B,) = mean_e |q_eb - y_b|, detached: the new priority of each sampled slot.
+    """
+    err = q - y  # (E, B)
+    sq = err.pow(2)
+    if weights is not None:
+        sq = sq * weights.to(sq.dtype)
+    return sq.mean(1).sum(), err.detach().abs().mean(0)
+
+
 @torch.no_grad()
 def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """target <- target + tau (source - target) for trainable weights; buffers (normaliser statistics) copied."""

@@ -11,12 +11,13 @@ truncated backprop through the chain).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from dmrl.algos.common import Stepper, as_micro_batches, backward_micro
-from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update
+from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update, td_regression
 from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 
@@ -111,7 +112,7 @@ class DiffusionQL(nn.Module):
         return self.config.eta * ramp
 
     def critic_loss(self, batch: dict) -> dict[str, Tensor]:
-        """Sum over heads of the squared error to the chunk TD target; a' from the target (EMA) actor."""
+        """Sum over heads of the (PER-weighted) squared error to the chunk TD target; a' from the EMA actor."""
         target_actor = self.policy
         with torch.no_grad():
             next_chunk = target_actor._sample_chunk(*target_actor.condition(batch["next_obs"]))  # (B, Tp, Da)
@@ -120,8 +121,8 @@ class DiffusionQL(nn.Module):
                 batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_q, self.critic.config.gamma
             )
         q = self.critic(batch["obs"], self.critic.executed_from_data(batch["action"])).float()  # (E, B)
-        loss = (q - y).pow(2).mean(1).sum()
-        return {"loss": loss, "q": q.mean().detach(), "target": y.mean()}
+        loss, td_error = td_regression(q, y, batch.get("weights"))
+        return {"loss": loss, "q": q.mean().detach(), "target": y.mean(), "td_error": td_error}
 
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
         """Diffusion BC loss + eta * (-Q / mean|Q|) of a chunk sampled with gradients through the last k steps."""
@@ -134,11 +135,12 @@ class DiffusionQL(nn.Module):
         actor_loss = bc_loss + self.eta() * q_loss
         return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()}
 
-    def update(self, batch: dict | list[dict]) -> dict[str, float]:
+    def update(self, batch: dict | list[dict]) -> dict[str, Any]:
         """One training step on a batch (or the engine's accumulate micro-batches): critic, actor, targets."""
         micro = as_micro_batches(batch)
         # 1. Critic: regress every Q head on the TD target built from the EMA actor and the target critic.
         logs = {f"critic_{k}": v for k, v in backward_micro(self.engine, self.critic_loss, micro).items()}
+        logs["td_error"] = logs.pop("critic_td_error")  # (B,) numpy: the trainer's new PER priorities
         critic_stats = self.engine.step(self.critic_opt)
         # 2. Actor: against the just-updated critic, which gets no gradient from this loss.
         with frozen(self.critic):

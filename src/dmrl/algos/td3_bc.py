@@ -9,12 +9,13 @@ move every ``policy_delay`` critic steps, and the target action is smoothed with
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from dmrl.algos.common import Stepper, as_micro_batches, backward_micro
-from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update
+from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update, td_regression
 from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.gaussian import GaussianPolicy
 from dmrl.policies.mlp_heads import masked_mean
@@ -78,7 +79,7 @@ class TD3BC(nn.Module):
         return {"actor": self.actor_opt, "critic": self.critic_opt}
 
     def critic_loss(self, batch: dict) -> dict[str, Tensor]:
-        """Sum over heads of the squared error to the chunk TD target; a' = smoothed target-actor chunk."""
+        """Sum over heads of the (PER-weighted) squared error to the chunk TD target; a' = smoothed target actor."""
         c = self.config
         with torch.no_grad():
             next_a = self.critic.executed(mean_chunk(self.actor_target, batch["next_obs"]))  # (B, Ta, Da)
@@ -89,8 +90,8 @@ class TD3BC(nn.Module):
                 batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_q, self.critic.config.gamma
             )
         q = self.critic(batch["obs"], self.critic.executed_from_data(batch["action"])).float()  # (E, B)
-        loss = (q - y).pow(2).mean(1).sum()
-        return {"loss": loss, "q": q.mean().detach(), "target": y.mean()}
+        loss, td_error = td_regression(q, y, batch.get("weights"))
+        return {"loss": loss, "q": q.mean().detach(), "target": y.mean(), "td_error": td_error}
 
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
         """-lambda Q1(s, pi(s)) + MSE to the data's whole chunk (padded steps masked), lambda = alpha / mean|Q1|."""
@@ -102,10 +103,11 @@ class TD3BC(nn.Module):
         actor_loss = -lam * q.mean() + bc_loss
         return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q": q.mean().detach(), "lambda": lam}
 
-    def update(self, batch: dict | list[dict]) -> dict[str, float]:
+    def update(self, batch: dict | list[dict]) -> dict[str, Any]:
         """One training step: critic; every policy_delay-th step also actor and both targets."""
         micro = as_micro_batches(batch)
         logs = {f"critic_{k}": v for k, v in backward_micro(self.engine, self.critic_loss, micro).items()}
+        logs["td_error"] = logs.pop("critic_td_error")  # (B,) numpy: the trainer's new PER priorities
         logs["critic_grad_norm"] = float(self.engine.step(self.critic_opt)["grad_norm"])
         self.n_updates += 1
         if self.n_updates % self.config.policy_delay == 0:  # a Python counter: no device sync

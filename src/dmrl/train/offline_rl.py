@@ -130,6 +130,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
                 batch["progress"] = step / cfg.steps
                 micro.append(batch)
             logs = algo.update(micro)
+            logs["td_error"] = float(logs.pop("td_error").mean())  # per-item (B,): logged as its batch mean
             step += 1
             if step % 50 == 0 or step == cfg.steps:
                 rec = {

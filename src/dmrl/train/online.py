@@ -81,7 +81,7 @@ def stop_children(procs: list[Any], stop: Any, timeout: float = 10.0) -> None:
 
 
 def train_online(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict:
-    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) sees {"update", "collector_pids"}."""
+    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) gets update, collector_pids, replay."""
     if cfg.algo not in ALGOS:
         raise ValueError(f"--online: --algo {cfg.algo!r} is not an actor-critic algorithm ({', '.join(ALGOS)})")
     if not Path(cfg.dataset).exists():
@@ -138,7 +138,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             for ev in collectors.restart_dead():
                 log.write({"step": step, **ev})
             if hook is not None:
-                hook({"update": step, "collector_pids": collectors.pids})
+                hook({"update": step, "collector_pids": collectors.pids, "replay": buf})
             buf.sync()
             if len(buf) < oc.learning_starts:
                 time.sleep(0.05)
@@ -147,8 +147,9 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             batch = engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
             batch["progress"] = step / cfg.steps
             logs = algo.update(batch)
-            if "td_error" in logs:  # per-item |TD| from the critic loss: new priorities
-                buf.update_priorities(idx, np.asarray(logs.pop("td_error")))
+            td_error = logs.pop("td_error")  # (B,) |TD| per sampled slot from the critic step: its new priority
+            buf.update_priorities(idx, td_error)
+            logs["td_error"] = float(td_error.mean())
             step += 1
             if step % oc.publish_every == 0:
                 board.publish(_cpu_copy(algo.policy))
