@@ -1,0 +1,111 @@
+"""Shared pieces of the RL benchmarks (rl_offline.py, rl_truncation.py, ...): the `mixed` offline dataset, one
+training run in a spawned worker, and result rows with success, Wilson interval and episode count.
+
+The `mixed` dataset (expert + suboptimal + failures) is what offline RL is for: behaviour cloning imitates the
+failures along with the successes, a critic trained on the rewards can tell them apart.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+from dmrl.config import TrainConfig, load_yaml, merge
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (name, episodes, first seed, noise_std, suboptimal): the three parts of `mixed`; seeds never overlap the
+# evaluation seeds (100000..) or the selection seeds (200000..).
+MIXED_PARTS = (
+    ("expert", 60, 0, 0.0, False),
+    ("suboptimal", 120, 10_000, 0.0, True),
+    ("failures", 120, 20_000, 1.0, True),  # suboptimal plan under heavy action noise: almost never succeeds
+)
+
+
+def make_mixed(path: Path, workers: int = 2) -> Path:
+    """Collect the `mixed` state dataset at ``path`` unless a complete one is there; -> path."""
+    from dmrl.data import EpisodeStore
+    from dmrl.envs.collect import CollectConfig, collect
+
+    want = sum(p[1] for p in MIXED_PARTS)
+    if path.exists():
+        store = EpisodeStore.open(path)
+        if store.n_episodes == want:
+            return path
+        raise ValueError(f"{path}: holds {store.n_episodes} episodes, not the {want} of `mixed`; delete it and rerun")
+    for i, (name, n, seed, noise, subopt) in enumerate(MIXED_PARTS):
+        cfg = CollectConfig(
+            out=path,
+            episodes=n,
+            seed=seed,
+            obs_modes=("state",),
+            noise_std=noise,
+            suboptimal=subopt,
+            workers=workers,
+            append=i > 0,
+        )
+        s = collect(cfg, progress=False).summary()
+        print(f"mixed/{name}: {n} episodes, success {s['success_rate']:.2f} (store total)", flush=True)
+    return path
+
+
+def template(config: Path, **overrides) -> TrainConfig:
+    """The preset's `train` section with ``overrides`` merged (nested dicts merge key by key)."""
+    return merge(merge(TrainConfig(), load_yaml(config).get("train", {})), overrides)
+
+
+def train_one(cfg: TrainConfig) -> dict:
+    """One offline run (bc or an offline-RL algorithm) -> its summary (with "eval" when eval_episodes > 0)."""
+    if cfg.algo == "bc":
+        from dmrl.train.offline import train_bc
+
+        return train_bc(cfg, progress=False)
+    from dmrl.train.offline_rl import train_offline_rl
+
+    return train_offline_rl(cfg, progress=False)
+
+
+def finished(cfg: TrainConfig) -> dict | None:
+    """The summary of a finished run at cfg.out trained with exactly these settings (an evaluation included),
+    else None: benchmarks sharing a run (rl_truncation's k = S is rl_offline's diffusion-ql) train it once."""
+    from dmrl.config import to_dict
+    from dmrl.train.offline import _flat
+
+    summary, saved = cfg.out / "summary.json", cfg.out / "config.json"
+    if not (summary.is_file() and saved.is_file()):
+        return None
+    now = json.loads(json.dumps(to_dict(cfg), default=str))
+    a, b = _flat(json.loads(saved.read_text())), _flat(now)
+    a.pop("overwrite", None), b.pop("overwrite", None)
+    out = json.loads(summary.read_text())
+    return out if a == b and "eval" in out else None
+
+
+def run_all(runs: dict, parallel: int) -> dict:
+    """{key: TrainConfig} -> {key: summary}, ``parallel`` spawned runs at a time (1 thread each); runs already
+    finished with the same settings are read back instead of trained again."""
+    done = {k: s for k, c in runs.items() if (s := finished(c)) is not None}
+    todo = {k: c for k, c in runs.items() if k not in done}
+    if done:
+        print(f"reusing {len(done)} finished runs: {', '.join(str(c.out) for k, c in runs.items() if k in done)}")
+    if parallel == 1 or len(todo) <= 1:
+        return {**done, **{k: train_one(c) for k, c in todo.items()}}
+    with cf.ProcessPoolExecutor(parallel, mp_context=mp.get_context("spawn")) as pool:
+        return {**done, **dict(zip(todo, pool.map(train_one, todo.values()), strict=True))}
+
+
+def eval_row(summary: dict) -> dict:
+    """The evaluation fields every RL result row carries."""
+    ev = summary["eval"]
+    return {
+        "success_rate": ev["success_rate"],
+        "ci_low": ev["ci_low"],
+        "ci_high": ev["ci_high"],
+        "episodes": ev["episodes"],
+        "route_left": ev["route_left"],
+        "route_right": ev["route_right"],
+        "collision_rate": ev["collision_rate"],
+    }

@@ -1,0 +1,103 @@
+"""Offline RL on the `mixed` dataset: BC (diffusion) vs Diffusion-QL vs TD3+BC (MLP actor), several seeds.
+
+Run: ``python benchmarks/rl_offline.py [--seeds 0 1 2] [--steps N]`` (collects outputs/rl/mixed.zarr first if absent).
+Writes benchmarks/results/rl_offline.json and .md: per algorithm the success over all seeds' episodes pooled
+(Wilson interval on the pooled count), the per-seed rates and their mean ± std. Settings: configs/rl_offline.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import machine, write_results
+from _rl import ROOT, eval_row, make_mixed, run_all, template
+from dmrl.train.metrics import wilson_interval
+
+ALGOS = {  # name -> (algo, policy, extra overrides)
+    "bc": ("bc", "diffusion", {}),
+    "diffusion-ql": ("diffusion-ql", "diffusion", {}),
+    "td3-bc": ("td3-bc", "gaussian", {}),
+}
+
+
+def pooled(name: str, summaries: list[dict], seeds: list[int]) -> dict:
+    """One result row: the seeds' episodes pooled, plus per-seed rates."""
+    rows = [eval_row(s) for s in summaries]
+    n = sum(r["episodes"] for r in rows)
+    wins = int(round(sum(r["success_rate"] * r["episodes"] for r in rows)))
+    lo, hi = wilson_interval(wins, n)
+    rates = [r["success_rate"] for r in rows]
+    return {
+        "algo": name,
+        "seeds": len(seeds),
+        "episodes": n,
+        "success_rate": wins / n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "success_mean": float(np.mean(rates)),
+        "success_std": float(np.std(rates)),
+        "per_seed": ", ".join(f"{x:.2f}" for x in rates),
+        "route_left": float(np.mean([r["route_left"] for r in rows])),
+        "route_right": float(np.mean([r["route_right"] for r in rows])),
+        "collision_rate": float(np.mean([r["collision_rate"] for r in rows])),
+        "train_min": float(np.mean([s["train_seconds"] for s in summaries]) / 60),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
+    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "rl" / "mixed.zarr")
+    ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_offline")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    make_mixed(args.dataset)
+    extra = {} if args.steps is None else {"steps": args.steps}
+    runs = {
+        (name, s): template(
+            args.config,
+            dataset=args.dataset,
+            out=args.out / f"{name}_seed{s}",
+            algo=ALGOS[name][0],
+            policy=ALGOS[name][1],
+            seed=s,
+            overwrite=True,
+            **extra,
+            **ALGOS[name][2],
+        )
+        for s in args.seeds
+        for name in args.algos
+    }
+    results = run_all(runs, args.parallel)
+    rows = [pooled(name, [results[(name, s)] for s in args.seeds], args.seeds) for name in args.algos]
+    first = next(iter(runs.values()))
+    meta = {
+        **machine(),
+        "command": "python benchmarks/rl_offline.py " + " ".join(sys.argv[1:]),
+        "config": str(args.config.relative_to(ROOT)),
+        "dataset": "mixed: " + ", ".join(f"{n} {p} (seeds {s}..)" for p, n, s, _, _ in _parts()),
+        "steps": first.steps,
+        "batch_size": first.batch_size,
+        "eval_seeds": f"{first.eval_seed}..{first.eval_seed + first.eval_episodes - 1} for every run",
+        "wall_min": round((time.perf_counter() - t0) / 60, 1),
+    }
+    write_results("rl_offline", rows, meta, list(rows[0]))
+
+
+def _parts():
+    from _rl import MIXED_PARTS
+
+    return MIXED_PARTS
+
+
+if __name__ == "__main__":
+    main()
