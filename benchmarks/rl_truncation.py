@@ -1,0 +1,92 @@
+"""Truncated backprop through the DDIM chain in Diffusion-QL: k = 1, 2 and S of the S denoising steps carry
+the Q gradient. Update throughput (samples/s, one thread, nothing else running) and final success on `mixed`.
+
+Run: ``python benchmarks/rl_truncation.py [--ks 1 2 S] [--seeds 0 1 2]`` after (or instead of) rl_offline.py:
+k = S is rl_offline's diffusion-ql run and is read back from outputs/rl_offline when it finished there with the
+same settings. Writes benchmarks/results/rl_truncation.json and .md. Settings: configs/rl_offline.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from _common import machine, write_results
+from _rl import ROOT, make_mixed, run_all, template, train_one
+from rl_offline import pooled
+
+
+def _k(text: str) -> int | None:
+    return None if text.upper() == "S" else int(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
+    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "rl" / "mixed.zarr")
+    ap.add_argument("--ks", type=_k, nargs="+", default=[1, 2, None], help="k values; S means all steps")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
+    ap.add_argument("--speed-steps", type=int, default=100, help="updates of each throughput measurement")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--offline-out", type=Path, default=ROOT / "outputs" / "rl_offline")
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_truncation")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    make_mixed(args.dataset)
+    extra = {} if args.steps is None else {"steps": args.steps}
+
+    def cfg(k: int | None, seed: int, out: Path, **more):
+        return template(
+            args.config,
+            dataset=args.dataset,
+            out=out,
+            algo="diffusion-ql",
+            policy="diffusion",
+            seed=seed,
+            overwrite=True,
+            diffusion_ql={"grad_steps_through_chain": k},
+            **{**extra, **more},
+        )
+
+    def out_dir(k: int | None, seed: int) -> Path:
+        return args.offline_out / f"diffusion-ql_seed{seed}" if k is None else args.out / f"k{k}_seed{seed}"
+
+    # Throughput first, alone on the machine: short runs without evaluation, the rate logged at their end.
+    speed = {}
+    for k in args.ks:
+        s = train_one(cfg(k, 0, args.out / f"speed_k{k or 'S'}", steps=args.speed_steps, eval_episodes=0))
+        speed[k] = s["samples_per_s"]
+        print(f"k={k or 'S'}: {speed[k]:.0f} samples/s", flush=True)
+    runs = {(k, s): cfg(k, s, out_dir(k, s)) for k in args.ks for s in args.seeds}
+    results = run_all(runs, args.parallel)
+    S = runs[next(iter(runs))].diffusion.num_inference_steps
+    full = speed.get(None)
+    rows = []
+    for k in args.ks:
+        name = f"k={k}" if k is not None else f"k={S} (S, full backprop)"
+        row = pooled(name, [results[(k, s)] for s in args.seeds], args.seeds)
+        row["samples_per_s"] = speed[k]
+        row["speedup_vs_full"] = speed[k] / full if full else float("nan")
+        rows.append(row)
+    first = next(iter(runs.values()))
+    meta = {
+        **machine(),
+        "command": "python benchmarks/rl_truncation.py " + " ".join(sys.argv[1:]),
+        "config": str(args.config.relative_to(ROOT)),
+        "ddim_steps_S": S,
+        "steps": first.steps,
+        "batch_size": first.batch_size,
+        "throughput": f"samples/s of a {args.speed_steps}-update run, 1 thread, nothing else running (data loading "
+        "included)",
+        "wall_min": round((time.perf_counter() - t0) / 60, 1),
+    }
+    write_results("rl_truncation", rows, meta, list(rows[0]))
+    (args.out / "speed.json").write_text(json.dumps({str(k): v for k, v in speed.items()}))
+
+
+if __name__ == "__main__":
+    main()
