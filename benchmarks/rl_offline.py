@@ -57,11 +57,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument(
+        "--etas",
+        type=float,
+        nargs="+",
+        default=[0.05, 0.2, 1.0],
+        help="Diffusion-QL Q weights tried on seed 0, scored on the selection seeds; the best one is compared",
+    )
+    ap.add_argument("--select-episodes", type=int, default=50)
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_offline")
     args = ap.parse_args()
     t0 = time.perf_counter()
     make_mixed(args.dataset)
     extra = {} if args.steps is None else {"steps": args.steps}
+    selection, eta = select_eta(args, extra) if "diffusion-ql" in args.algos else ([], None)
     runs = {
         (name, s): template(
             args.config,
@@ -73,6 +82,7 @@ def main() -> None:
             overwrite=True,
             **extra,
             **ALGOS[name][2],
+            **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else {}),
         )
         for s in args.seeds
         for name in args.algos
@@ -88,9 +98,37 @@ def main() -> None:
         "steps": first.steps,
         "batch_size": first.batch_size,
         "eval_seeds": f"{first.eval_seed}..{first.eval_seed + first.eval_episodes - 1} for every run",
+        "diffusion_ql_eta": eta,
+        "eta_selection": "; ".join(f"eta {e}: {r:.2f}" for e, r in selection)
+        + f" (seed 0, {args.select_episodes} episodes on selection seeds 200000..)",
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }
     write_results("rl_offline", rows, meta, list(rows[0]))
+
+
+def select_eta(args, extra: dict) -> tuple[list[tuple[float, float]], float]:
+    """Train Diffusion-QL (seed 0) with each eta, score it on the selection seeds (never the evaluation seeds)."""
+    runs = {
+        e: template(
+            args.config,
+            dataset=args.dataset,
+            out=args.out / "select" / f"eta{e}",
+            algo="diffusion-ql",
+            policy="diffusion",
+            seed=0,
+            overwrite=True,
+            eval_seed=200_000,
+            eval_episodes=args.select_episodes,
+            diffusion_ql={"eta": e},
+            **extra,
+        )
+        for e in args.etas
+    }
+    res = run_all(runs, args.parallel)
+    scores = [(e, res[e]["eval"]["success_rate"]) for e in args.etas]
+    best = max(scores, key=lambda t: t[1])[0]
+    print("eta selection: " + ", ".join(f"{e}: {r:.2f}" for e, r in scores) + f" -> {best}", flush=True)
+    return scores, best
 
 
 def _parts():

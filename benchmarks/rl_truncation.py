@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
     ap.add_argument("--speed-steps", type=int, default=100, help="updates of each throughput measurement")
     ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--speed-only", action="store_true", help="measure throughput only (no training to the end)")
     ap.add_argument("--offline-out", type=Path, default=ROOT / "outputs" / "rl_offline")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_truncation")
     args = ap.parse_args()
@@ -62,13 +63,13 @@ def main() -> None:
         speed[k] = s["samples_per_s"]
         print(f"k={k or 'S'}: {speed[k]:.0f} samples/s", flush=True)
     runs = {(k, s): cfg(k, s, out_dir(k, s)) for k in args.ks for s in args.seeds}
-    results = run_all(runs, args.parallel)
+    results = {} if args.speed_only else run_all(runs, args.parallel)
     S = runs[next(iter(runs))].diffusion.num_inference_steps
     full = speed.get(None)
     rows = []
     for k in args.ks:
         name = f"k={k}" if k is not None else f"k={S} (S, full backprop)"
-        row = pooled(name, [results[(k, s)] for s in args.seeds], args.seeds)
+        row = {"k": name} if args.speed_only else pooled(name, [results[(k, s)] for s in args.seeds], args.seeds)
         row["samples_per_s"] = speed[k]
         row["speedup_vs_full"] = speed[k] / full if full else float("nan")
         rows.append(row)
@@ -84,7 +85,7 @@ def main() -> None:
         "included)",
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }
-    write_results("rl_truncation", rows, meta, list(rows[0]))
+    write_results("rl_truncation_speed" if args.speed_only else "rl_truncation", rows, meta, list(rows[0]))
     (args.out / "speed.json").write_text(json.dumps({str(k): v for k, v in speed.items()}))
 
 
