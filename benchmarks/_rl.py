@@ -53,8 +53,8 @@ def make_mixed(path: Path, workers: int = 2) -> Path:
 
 
 def template(config: Path, **overrides) -> TrainConfig:
-    """The preset's `train` section with ``overrides`` merged (nested dicts merge key by key)."""
-    return merge(merge(TrainConfig(), load_yaml(config).get("train", {})), overrides)
+    """The preset (a plain `dmrl train --config` file) with ``overrides`` merged (nested dicts key by key)."""
+    return merge(merge(TrainConfig(), load_yaml(config)), overrides)
 
 
 def train_one(cfg: TrainConfig) -> dict:
