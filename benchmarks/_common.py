@@ -28,6 +28,9 @@ def machine() -> dict:
         mujoco_version = None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        # A result measured with uncommitted changes says so: -dirty when tracked files differ from HEAD.
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+        commit += "-dirty" if commit and dirty else ""
     except OSError:
         commit = ""
     return {
