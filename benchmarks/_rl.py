@@ -79,7 +79,8 @@ def finished(cfg: TrainConfig) -> dict | None:
         return None
     now = json.loads(json.dumps(to_dict(cfg), default=str))
     a, b = _flat(json.loads(saved.read_text())), _flat(now)
-    a.pop("overwrite", None), b.pop("overwrite", None)
+    for flat in (a, b):  # --overwrite says how a run was started, not what it trained
+        flat.pop("overwrite", None)
     out = json.loads(summary.read_text())
     return out if a == b and "eval" in out else None
 

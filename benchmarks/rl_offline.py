@@ -15,18 +15,18 @@ from pathlib import Path
 import numpy as np
 
 from _common import machine, write_results
-from _rl import ROOT, eval_row, make_mixed, run_all, template
+from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, run_all, template
 from dmrl.train.metrics import wilson_interval
 
-ALGOS = {  # name -> (algo, policy, extra overrides)
-    "bc": ("bc", "diffusion", {}),
-    "diffusion-ql": ("diffusion-ql", "diffusion", {}),
-    "td3-bc": ("td3-bc", "gaussian", {}),
+ALGOS = {  # name -> (algo, policy)
+    "bc": ("bc", "diffusion"),
+    "diffusion-ql": ("diffusion-ql", "diffusion"),
+    "td3-bc": ("td3-bc", "gaussian"),
 }
 
 
-def pooled(name: str, summaries: list[dict], seeds: list[int]) -> dict:
-    """One result row: the seeds' episodes pooled, plus per-seed rates."""
+def pooled(name: str, summaries: list[dict]) -> dict:
+    """One result row from one summary per seed: the seeds' episodes pooled, plus per-seed rates."""
     rows = [eval_row(s) for s in summaries]
     n = sum(r["episodes"] for r in rows)
     wins = int(round(sum(r["success_rate"] * r["episodes"] for r in rows)))
@@ -34,7 +34,7 @@ def pooled(name: str, summaries: list[dict], seeds: list[int]) -> dict:
     rates = [r["success_rate"] for r in rows]
     return {
         "algo": name,
-        "seeds": len(seeds),
+        "seeds": len(summaries),
         "episodes": n,
         "success_rate": wins / n,
         "ci_low": lo,
@@ -81,20 +81,19 @@ def main() -> None:
             seed=s,
             overwrite=True,
             **extra,
-            **ALGOS[name][2],
             **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else {}),
         )
         for s in args.seeds
         for name in args.algos
     }
     results = run_all(runs, args.parallel)
-    rows = [pooled(name, [results[(name, s)] for s in args.seeds], args.seeds) for name in args.algos]
+    rows = [pooled(name, [results[(name, s)] for s in args.seeds]) for name in args.algos]
     first = next(iter(runs.values()))
     meta = {
         **machine(),
         "command": "python benchmarks/rl_offline.py " + " ".join(sys.argv[1:]),
         "config": str(args.config.relative_to(ROOT)),
-        "dataset": "mixed: " + ", ".join(f"{n} {p} (seeds {s}..)" for p, n, s, _, _ in _parts()),
+        "dataset": "mixed: " + ", ".join(f"{n} {p} (seeds {s}..)" for p, n, s, _, _ in MIXED_PARTS),
         "steps": first.steps,
         "batch_size": first.batch_size,
         "eval_seeds": f"{first.eval_seed}..{first.eval_seed + first.eval_episodes - 1} for every run",
@@ -129,12 +128,6 @@ def select_eta(args, extra: dict) -> tuple[list[tuple[float, float]], float]:
     best = max(scores, key=lambda t: t[1])[0]
     print("eta selection: " + ", ".join(f"{e}: {r:.2f}" for e, r in scores) + f" -> {best}", flush=True)
     return scores, best
-
-
-def _parts():
-    from _rl import MIXED_PARTS
-
-    return MIXED_PARTS
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def main() -> None:
     rows = []
     for k in args.ks:
         name = f"k={k}" if k is not None else f"k={S} (S, full backprop)"
-        row = {"k": name} if args.speed_only else pooled(name, [results[(k, s)] for s in args.seeds], args.seeds)
+        row = {"k": name} if args.speed_only else pooled(name, [results[(k, s)] for s in args.seeds])
         row["samples_per_s"] = speed[k]
         row["speedup_vs_full"] = speed[k] / full if full else float("nan")
         rows.append(row)
