@@ -163,3 +163,28 @@ def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
     time.sleep(1.0)
     assert not [k for k in kids if _alive(k)], "orphaned child processes"
     assert list((run / "state").iterdir()), "no state saved on SIGTERM"
+
+
+def test_process_exits_when_weights_were_queued_for_a_busy_evaluator(tmp_path, dataset):
+    """Regression: a weight snapshot larger than the pipe buffer, put while the evaluator was mid-episode, kept the
+    trainer's queue feeder thread alive and the process hung at exit after training had finished."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    preset = tmp_path / "big.yaml"
+    big = {k: v for k, v in TINY.items() if k != "online"}
+    big["diffusion"] = {**TINY["diffusion"], "denoiser_kwargs": {"hidden_dim": 256}}  # ~1 MB of weights
+    big["online_rl"] = {**TINY["online_rl"], "eval_every": 1, "eval_episodes": 5}
+    preset.write_text(yaml.safe_dump(big))
+    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--online", "--dataset", str(dataset),
+            "--out", str(tmp_path / "run"), "--steps", "6"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("dmrl train --online did not exit after its last update (queue feeder blocked at exit)")
+    assert proc.returncode == 0, err[-2000:]
+    assert (tmp_path / "run" / "checkpoint").exists()

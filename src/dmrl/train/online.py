@@ -80,6 +80,15 @@ def stop_children(procs: list[Any], stop: Any, timeout: float = 10.0) -> None:
             p.join()
 
 
+def close_queues(*queues: Any) -> None:
+    """Close queues whose reader is gone. A queue's feeder thread holds items not yet written to its pipe, and at
+    interpreter exit the process waits for it to flush them: a weight snapshot larger than the pipe buffer, put
+    after the evaluator's last read, would block exit forever. Unsent items are stale once the children stopped."""
+    for q in queues:
+        q.cancel_join_thread()
+        q.close()
+
+
 def train_online(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict:
     """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) gets update, collector_pids, replay."""
     if cfg.algo not in ALGOS:
@@ -172,6 +181,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
         raise
     finally:
         stop_children([*(collectors.procs if collectors else []), *([evaluator] if evaluator else [])], stop)
+        close_queues(inbox, outbox)
         signal.signal(signal.SIGTERM, old_term)
         log.close()
         board.close()

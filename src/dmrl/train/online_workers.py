@@ -213,6 +213,11 @@ def evaluator_main(
                 update, flat = inbox.get(timeout=0.2)
             except queue.Empty:
                 continue
+            try:  # an evaluator slower than eval_every skips to the newest snapshot: the backlog stays bounded
+                while True:
+                    update, flat = inbox.get_nowait()
+            except queue.Empty:
+                pass
             load_flat(policy, flat)
             torch.manual_seed(0)
             wins = sum(rollout_chunks(policy, env, s, 0, 0.0, np.random.default_rng(0))[1] for s in seeds)
