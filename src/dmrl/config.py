@@ -138,6 +138,10 @@ class OnlineConfig:
     """Std of Gaussian noise added to the collectors' actions (env units, then clipped to [-1, 1])."""
     max_episode_steps: int = 0
     """Env steps per episode in collectors and evaluator (0: the env's default)."""
+    prefill_from_dataset: bool = False
+    """Copy every chunk transition of --dataset into the replay before collecting: the demonstrations stay in the
+    off-policy data (and in the actor's BC term) while online episodes arrive, as in RLPD / Diffusion-QL
+    fine-tuning. They count toward learning_starts; the ring overwrites them only after capacity new items."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
 
     def __post_init__(self) -> None:

@@ -188,3 +188,25 @@ def test_process_exits_when_weights_were_queued_for_a_busy_evaluator(tmp_path, d
         pytest.fail("dmrl train --online did not exit after its last update (queue feeder blocked at exit)")
     assert proc.returncode == 0, err[-2000:]
     assert (tmp_path / "run" / "checkpoint").exists()
+
+
+def test_prefill_puts_every_dataset_transition_in_the_replay(tmp_path, dataset):
+    seen = {}
+
+    def hook(info):
+        if info["update"] == 0 and not seen:
+            buf = info["replay"]
+            seen["episode"] = buf.gather(np.arange(len(buf)))["episode"]
+            seen["item0"] = buf.gather(np.array([0]))
+
+    online = {**TINY["online_rl"], "prefill_from_dataset": True, "learning_starts": 1}
+    train_online(_cfg(dataset, tmp_path / "run", steps=2, online_rl=online), progress=False, hook=hook)
+    c = _cfg(dataset, "unused").chunk
+    ds = ChunkTransitionDataset(EpisodeStore.open(dataset), c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
+    offline = seen["episode"][seen["episode"] < 0]
+    assert len(offline) == len(ds), "every dataset transition is in the replay before the first update"
+    assert sorted(set(offline)) == [-2, -1]  # the two collected episodes, as -1 - index
+    first = ds[0]
+    np.testing.assert_array_equal(seen["item0"]["obs.state"][0], first["obs"]["state"].numpy())
+    np.testing.assert_array_equal(seen["item0"]["reward"][0], first["reward"].numpy())
+    np.testing.assert_array_equal(seen["item0"]["next_valid"][0], first["next_valid"].numpy())

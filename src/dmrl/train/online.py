@@ -21,14 +21,22 @@ import torch
 
 from dmrl.algos import ALGOS
 from dmrl.config import TrainConfig
-from dmrl.data import EpisodeStore
+from dmrl.data import ChunkTransitionDataset, EpisodeStore
 from dmrl.data.replay import ReplayBuffer
 from dmrl.train.checkpoint import save_policy
 from dmrl.train.engine import Engine, shutdown_distributed
 from dmrl.train.logging import RunLog
 from dmrl.train.offline import _prepare_out, env_kwargs_from_store
 from dmrl.train.offline_rl import build_algo, restore_algo_state, save_algo_state
-from dmrl.train.online_workers import WeightBoard, collector_main, evaluator_main, flat_weights, nest, transition_spec
+from dmrl.train.online_workers import (
+    WeightBoard,
+    collector_main,
+    evaluator_main,
+    flat_weights,
+    nest,
+    prefill_replay,
+    transition_spec,
+)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -120,6 +128,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
     ctx = mp.get_context("spawn")
     actor_cpu = _cpu_copy(algo.policy)
     buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
+    if oc.prefill_from_dataset:
+        c = cfg.chunk
+        demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
+        print(f"online: replay prefilled with {prefill_replay(buf, demos)} chunk transitions of {cfg.dataset}")
     board, stop, env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
     args = lambda i, seed: (  # noqa: E731
         i, actor_cpu, env_id, env_kwargs, board.handle(), buf.handle(), env_steps, stop,

@@ -87,6 +87,23 @@ def transition_spec(policy: ChunkPolicy) -> dict[str, tuple[tuple[int, ...], Any
     return spec
 
 
+def prefill_replay(buf: ReplayBuffer, dataset: Any, batch_size: int = 1024) -> int:
+    """Append every item of a ChunkTransitionDataset to ``buf`` in the collectors' flat layout; -> items added.
+
+    Offline items keep their episode index negated minus one (-1, -2, ...), so they never collide with online
+    episode numbers."""
+    from torch.utils.data import DataLoader
+
+    n = 0
+    for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        flat = {f"{outer}.{k}": v for outer in ("obs", "next_obs") for k, v in batch.pop(outer).items()}
+        flat |= {k: v for k, v in batch.items()}
+        flat["episode"] = -1 - flat["episode"]
+        buf.add({k: np.asarray(v) for k, v in flat.items()})
+        n += len(flat["episode"])
+    return n
+
+
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
     """{"obs.state": x, "action": a} -> {"obs": {"state": x}, "action": a} (the dataset's nesting)."""
     out: dict[str, Any] = {}

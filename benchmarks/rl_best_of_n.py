@@ -1,0 +1,76 @@
+"""Critic-ranked sampling (best-of-N, as Diffusion-QL and IDQL select actions): success of a trained actor-critic
+run when its actor samples N chunks per decision and the critic's min-ensemble Q picks one, for several N.
+
+Run: ``python benchmarks/rl_best_of_n.py --runs outputs/rl_offline/diffusion-ql_seed0 [...] --n 1 4 16``.
+Each run directory is a finished ``dmrl train --algo diffusion-ql`` run: its config.json rebuilds the algorithm
+and its newest state/ restores actor, EMA actor and critics (the exported checkpoint holds the actor alone).
+Writes benchmarks/results/rl_best_of_n.json and .md (or --name), one row per (run, N).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from _common import machine, write_results
+from dmrl.config import TrainConfig, from_dict
+from dmrl.data import EpisodeStore
+from dmrl.train.engine import Engine, EngineConfig, load_latest_state
+from dmrl.train.evaluate import evaluate
+from dmrl.train.offline import env_kwargs_from_store
+from dmrl.train.offline_rl import build_algo
+
+
+def load_run(run: Path):
+    """(algo with the run's newest state, its TrainConfig, its store) for a finished actor-critic run directory."""
+    cfg_file = run / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"--runs {run}: no config.json (pass the directory of a dmrl train --algo run)")
+    cfg = from_dict(TrainConfig, {**json.loads(cfg_file.read_text()), "init": None})  # weights come from state/
+    if cfg.algo != "diffusion-ql":
+        raise ValueError(f"--runs {run}: algo {cfg.algo!r}; best-of-N ranks a diffusion-ql actor's samples")
+    store = EpisodeStore.open(cfg.dataset)
+    engine = Engine(EngineConfig(device="cpu", precision="fp32"), cfg.seed)
+    algo = build_algo(cfg, store, engine)
+    state = load_latest_state(run, engine.dist, cfg.seed)
+    if state is None:
+        raise FileNotFoundError(f"--runs {run}: no training state under {run / 'state'} (did the run finish?)")
+    algo.load_state_dict(state.tensors["algo"])
+    return algo.eval(), cfg, store
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=Path, nargs="+", required=True)
+    ap.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="chunks sampled per decision")
+    ap.add_argument("--episodes", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=200_000, help="first episode seed (200000..: selection seeds)")
+    ap.add_argument("--envs", type=int, default=2)
+    ap.add_argument("--name", default="rl_best_of_n")
+    args = ap.parse_args()
+    if min(args.n) < 1:
+        sys.exit(f"--n: got {min(args.n)}; need >= 1 samples per decision")
+    t0, rows = time.perf_counter(), []
+    seeds = list(range(args.seed, args.seed + args.episodes))
+    for run in args.runs:
+        algo, cfg, store = load_run(run)
+        for n in args.n:
+            algo.config.n_action_samples = n
+            ev = evaluate(algo.evaluation_policy().cpu(), store.attrs["env_id"], seeds, env_kwargs_from_store(store),
+                          n_envs=args.envs).summary()  # fmt: skip
+            row = {"run": str(run), "eta": cfg.diffusion_ql.eta, "n_samples": n, "episodes": ev["episodes"],
+                   "success_rate": ev["success_rate"], "ci_low": ev["ci_low"], "ci_high": ev["ci_high"],
+                   "route_left": ev["route_left"], "route_right": ev["route_right"],
+                   "collision_rate": ev["collision_rate"]}  # fmt: skip
+            print(row, flush=True)
+            rows.append(row)
+    meta = {**machine(), "command": "python benchmarks/rl_best_of_n.py " + " ".join(sys.argv[1:]),
+            "seeds": f"{seeds[0]}..{seeds[-1]}", "wall_min": round((time.perf_counter() - t0) / 60, 1)}  # fmt: skip
+    write_results(args.name, rows, meta, list(rows[0]))
+
+
+if __name__ == "__main__":
+    main()
