@@ -142,6 +142,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
     log = RunLog(out, start)
     collectors: Collectors | None = None
     step, rng = start, np.random.default_rng(cfg.seed + start)
+    snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
 
     def save(at: int) -> None:
         save_algo_state(cfg, out, at, algo, engine, summary)
@@ -176,8 +177,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
                 board.publish(_cpu_copy(algo.policy))
             if oc.eval_every and step % oc.eval_every == 0:
                 inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
+                snapshot_env_steps[step] = env_steps.value
             while not outbox.empty():
-                log.write({"step": step, **outbox.get()})
+                rec = outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
+                log.write({"step": step, "eval_env_steps": snapshot_env_steps.pop(rec["update"], None), **rec})
             if step % 10 == 0 or step == cfg.steps:
                 dt = time.perf_counter() - t0
                 rec = {"step": step, **logs, "env_steps": env_steps.value, "replay_size": len(buf),

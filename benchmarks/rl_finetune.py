@@ -1,0 +1,207 @@
+"""BC pretraining then online RL fine-tuning (the seed's pipeline) from a deliberately weak dataset: (a) online
+Diffusion-QL from scratch, (b) BC only, (c) BC then online Diffusion-QL, on MultiPathGrasp with state observations.
+
+Run: ``python benchmarks/rl_finetune.py [--seeds 0] [--steps 3000]`` (collects outputs/rl_finetune/weak.zarr first:
+--demos suboptimal-expert episodes). Every arm uses configs/rl_offline.yaml's actor (256x2 MLP denoiser, x0,
+DDIM-10). (b) trains BC for --bc-steps. (a) and (c) train online for --steps updates with one collector and an
+evaluator process that scores snapshots every --eval-every updates on --curve-episodes seeds (the learning
+curve); (c) starts from (b)'s checkpoint and keeps the demonstrations in its replay; (a) starts from random
+weights with an empty replay. Each arm's final actor is then evaluated on --episodes seeds 100000.. .
+Writes benchmarks/results/rl_finetune.json/.md and docs/rl_finetune.png (success against env steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _common import machine, write_results
+from _rl import ROOT, template, train_one
+from dmrl.train.checkpoint import load_policy
+from dmrl.train.evaluate import evaluate
+from dmrl.train.metrics import wilson_interval
+
+# Online arms: name -> (start from the BC checkpoint and keep the demonstrations in the replay, prioritized replay).
+# bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (python benchmarks/rl_per.py).
+ONLINE = {"bc_rl": (True, True), "scratch": (False, True), "bc_rl_uniform": (True, False)}
+COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4"}
+
+
+def make_weak(path: Path, demos: int) -> Path:
+    """``demos`` suboptimal-expert state episodes (seeds 30000..: apart from evaluation and selection seeds)."""
+    from dmrl.data import EpisodeStore
+    from dmrl.envs.collect import CollectConfig, collect
+
+    if path.exists():
+        if EpisodeStore.open(path).n_episodes != demos:
+            raise ValueError(f"{path}: not {demos} episodes; delete it or pass --demos to match")
+        return path
+    cfg = CollectConfig(out=path, episodes=demos, seed=30_000, obs_modes=("state",), suboptimal=True, workers=2)
+    s = collect(cfg, progress=False).summary()
+    print(f"weak dataset: {demos} suboptimal episodes, {s['success_rate']:.0%} of them succeed", flush=True)
+    return path
+
+
+def final_eval(checkpoint: Path, episodes: int, envs: int) -> dict:
+    policy, meta = load_policy(checkpoint)
+    seeds = list(range(100_000, 100_000 + episodes))
+    return evaluate(policy, meta["env_id"], seeds, meta["env_kwargs"], n_envs=envs).summary()
+
+
+def curve(run: Path) -> list[tuple[int, int, float]]:
+    """(update, env steps at the snapshot, success) of every periodic evaluation logged by an online run."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["update"], r["eval_env_steps"], r["eval_success"]) for r in recs if "eval_success" in r]
+
+
+def drawdown(points: list[tuple[int, int, float]], window: int = 3) -> float:
+    """Monotonicity of a learning curve: the summed falls of its moving average over ``window`` evaluations
+    (0 for a curve that never goes down; the seed's wavy curve against near-monotone PER)."""
+    ys = np.array([p[2] for p in points], dtype=float)
+    if len(ys) < window + 1:
+        return float("nan")
+    smooth = np.convolve(ys, np.ones(window) / window, mode="valid")
+    return float(np.clip(smooth[:-1] - smooth[1:], 0, None).sum())
+
+
+def finished_online(cfg, run: Path) -> dict | None:
+    """The summary of a finished online run at ``run`` with exactly ``cfg``'s settings, else None."""
+    from dmrl.config import to_dict
+    from dmrl.train.offline import _flat
+
+    if not ((run / "summary.json").is_file() and (run / "config.json").is_file() and (run / "checkpoint").exists()):
+        return None
+    saved = json.loads((run / "config.json").read_text())
+    a, b = _flat(saved), _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
+    for flat in (a, b):
+        flat.pop("overwrite", None)
+    return json.loads((run / "summary.json").read_text()) if a == b else None
+
+
+def steps_to(points: list[tuple[int, int, float]], threshold: float) -> int | None:
+    """Env steps of the first evaluation whose success, averaged with its predecessor (the curve evaluations are
+    few episodes each), reaches ``threshold``; None if none does."""
+    for i in range(len(points)):
+        window = [p[2] for p in points[max(0, i - 1) : i + 1]]
+        if np.mean(window) >= threshold and points[i][1] is not None:
+            return int(points[i][1])
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
+    ap.add_argument("--demos", type=int, default=20)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--bc-steps", type=int, default=2000)
+    ap.add_argument("--steps", type=int, default=3000, help="online updates of arms (a) and (c)")
+    ap.add_argument("--eta", type=float, default=0.05, help="Diffusion-QL's Q weight online")
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--curve-episodes", type=int, default=20)
+    ap.add_argument("--episodes", type=int, default=100)
+    ap.add_argument("--arms", nargs="+", default=["bc", "bc_rl", "scratch"], choices=["bc", *ONLINE])
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_finetune")
+    ap.add_argument("--name", default="rl_finetune", help="results name (rl_per: --arms bc_rl bc_rl_uniform)")
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)  # the collector and the evaluator take the other core
+    t0 = time.perf_counter()
+    data = make_weak(args.out / "weak.zarr", args.demos)
+    results: dict[str, list[dict]] = {a: [] for a in args.arms}
+    curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
+    for seed in args.seeds:
+        base = dict(dataset=data, seed=seed, overwrite=True, eval_episodes=0)
+        bc_out = args.out / f"bc_seed{seed}"
+        # BC is trained for arm (b), or for (c) when no finished BC run of this seed is there to start from.
+        from_bc = any(ONLINE[a][0] for a in args.arms if a in ONLINE)
+        if "bc" in args.arms or (from_bc and not (bc_out / "checkpoint").exists()):
+            train_one(template(args.config, **base, out=bc_out, algo="bc", policy="diffusion", steps=args.bc_steps))
+        if "bc" in args.arms:
+            results["bc"].append({"eval": final_eval(bc_out / "checkpoint", args.episodes, 2), "env_steps": 0})
+        for arm, (init, prioritized) in ONLINE.items():
+            if arm not in args.arms:
+                continue
+            from dmrl.train.online import train_online
+
+            online = {"n_collectors": 1, "eval_every": args.eval_every, "eval_episodes": args.curve_episodes,
+                      "prefill_from_dataset": init, "learning_starts": 1000,
+                      "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
+            cfg = template(args.config, **base, out=args.out / f"{arm}_seed{seed}", algo="diffusion-ql",
+                           policy="diffusion", steps=args.steps, online=True, online_rl=online,
+                           init=bc_out / "checkpoint" if init else None,
+                           diffusion_ql={"eta": args.eta})  # fmt: skip
+            run = args.out / f"{arm}_seed{seed}"
+            summary = finished_online(cfg, run)  # rl_per.md and rl_finetune.md share the bc_rl runs
+            fresh = summary is None
+            if fresh:
+                summary = train_online(cfg, progress=False)
+            curves[arm].append(curve(run))
+            cached = run / f"final_eval_{args.episodes}.json"
+            if fresh or not cached.is_file():
+                cached.write_text(json.dumps(final_eval(run / "checkpoint", args.episodes, 2)))
+            ev = json.loads(cached.read_text())
+            results[arm].append({"eval": ev, "env_steps": summary["env_steps"], "updates": summary["train_steps"]})
+            print(f"{arm} seed {seed}: {ev['success_rate']:.2f} after {summary['env_steps']} env steps", flush=True)
+    bc_final = float(np.mean([r["eval"]["success_rate"] for r in results["bc"]])) if results.get("bc") else None
+    rows = []
+    for arm, runs in results.items():
+        n = sum(r["eval"]["episodes"] for r in runs)
+        wins = int(round(sum(r["eval"]["success_rate"] * r["eval"]["episodes"] for r in runs)))
+        lo, hi = wilson_interval(wins, n)
+        thr = None if bc_final is None or arm == "bc" else [steps_to(c, bc_final + 0.10) for c in curves[arm]]
+        rows.append({
+            "arm": arm, "seeds": len(runs), "episodes": n, "final_success": wins / n, "ci_low": lo, "ci_high": hi,
+            "per_seed": ", ".join(f"{r['eval']['success_rate']:.2f}" for r in runs),
+            "collision_rate": float(np.mean([r["eval"]["collision_rate"] for r in runs])),
+            "env_steps": int(np.mean([r["env_steps"] for r in runs])),
+            "env_steps_to_threshold": thr,
+            "drawdown": None if arm == "bc" else [round(drawdown(c), 3) for c in curves[arm]],
+        })  # fmt: skip
+    meta = {
+        **machine(),
+        "command": "python benchmarks/rl_finetune.py " + " ".join(sys.argv[1:]),
+        "dataset": f"{args.demos} suboptimal-expert episodes (seeds 30000..)",
+        "threshold": None if bc_final is None else f"BC final {bc_final:.2f} + 0.10, mean of 2 consecutive curve evals",
+        "bc_steps": args.bc_steps,
+        "online_updates": args.steps,
+        "eta": args.eta,
+        "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
+        "final_eval": f"{args.episodes} episodes, seeds 100000..",
+        "curves": {a: c for a, c in curves.items()},
+        "wall_min": round((time.perf_counter() - t0) / 60, 1),
+    }
+    write_results(args.name, rows, meta, list(rows[0]))
+    plot(curves, bc_final, ROOT / "docs" / f"{args.name}.png")
+
+
+def plot(curves: dict[str, list], bc_final: float | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for arm, runs in curves.items():
+        for i, pts in enumerate(runs):
+            xs = [p[1] for p in pts if p[1] is not None]
+            ys = [p[2] for p in pts if p[1] is not None]
+            ax.plot(xs, ys, marker=".", label=arm if i == 0 else None, color=COLORS[arm])
+    if bc_final is not None:
+        ax.axhline(bc_final, color="C0", ls="--", label="BC only (final)")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("success (curve evaluations)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
