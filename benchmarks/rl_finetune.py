@@ -6,7 +6,9 @@ Run: ``python benchmarks/rl_finetune.py [--seeds 0] [--steps 3000]`` (collects o
 DDIM-10). (b) trains BC for --bc-steps. (a) and (c) train online for --steps updates with one collector and an
 evaluator process that scores snapshots every --eval-every updates on --curve-episodes seeds (the learning
 curve); (c) starts from (b)'s checkpoint and keeps the demonstrations in its replay; (a) starts from random
-weights with an empty replay. Each arm's final actor is then evaluated on --episodes seeds 100000.. .
+weights with an empty replay. With --bc-data successes (default) the online actor's BC term imitates successful
+episodes only (the dataset's and its own: self-imitation); --bc-data replay is plain Diffusion-QL's BC on the
+replay batch. Each arm's final actor is then evaluated on --episodes seeds 100000.. .
 Writes benchmarks/results/rl_finetune.json/.md and docs/rl_finetune.png (success against env steps).
 """
 
@@ -101,6 +103,12 @@ def main() -> None:
     ap.add_argument("--bc-steps", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=3000, help="online updates of arms (a) and (c)")
     ap.add_argument("--eta", type=float, default=0.05, help="Diffusion-QL's Q weight online")
+    ap.add_argument(
+        "--bc-data",
+        default="successes",
+        choices=["replay", "successes"],
+        help="what the online actor's BC term imitates (online_rl.bc_data)",
+    )
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--curve-episodes", type=int, default=20)
     ap.add_argument("--episodes", type=int, default=100)
@@ -130,7 +138,7 @@ def main() -> None:
             from dmrl.train.online import train_online
 
             online = {"n_collectors": 1, "eval_every": args.eval_every, "eval_episodes": args.curve_episodes,
-                      "prefill_from_dataset": init, "learning_starts": 1000,
+                      "prefill_from_dataset": init, "learning_starts": 1000, "bc_data": args.bc_data,
                       "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
             cfg = template(args.config, **base, out=args.out / f"{arm}_seed{seed}", algo="diffusion-ql",
                            policy="diffusion", steps=args.steps, online=True, online_rl=online,
@@ -171,6 +179,7 @@ def main() -> None:
         "bc_steps": args.bc_steps,
         "online_updates": args.steps,
         "eta": args.eta,
+        "bc_data": args.bc_data,
         "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
         "final_eval": f"{args.episodes} episodes, seeds 100000..",
         "curves": {a: c for a, c in curves.items()},

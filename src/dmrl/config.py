@@ -116,6 +116,9 @@ class OptimConfig:
             raise ValueError(f"optim: need lr > 0, weight_decay >= 0, warmup_steps >= 0; got {self}")
 
 
+BC_DATA = ("replay", "successes")
+
+
 @dataclasses.dataclass
 class OnlineConfig:
     """``dmrl train --online``: collector processes, replay, publishing and evaluation of online actor-critic."""
@@ -142,9 +145,16 @@ class OnlineConfig:
     """Copy every chunk transition of --dataset into the replay before collecting: the demonstrations stay in the
     off-policy data (and in the actor's BC term) while online episodes arrive, as in RLPD / Diffusion-QL
     fine-tuning. They count toward learning_starts; the ring overwrites them only after capacity new items."""
+    bc_data: str = "replay"
+    """What the diffusion-ql actor's BC term imitates. replay: the sampled replay batch, as in Diffusion-QL.
+    successes: a second, uniformly sampled batch of successful episodes only: the dataset's (with
+    prefill_from_dataset) and every online episode that succeeded (self-imitation, Oh et al. 2018), so the actor
+    never clones its own failures; until the first success the actor follows the Q term alone."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
 
     def __post_init__(self) -> None:
+        if self.bc_data not in BC_DATA:
+            raise ValueError(f"online_rl.bc_data: got {self.bc_data!r}; allowed: {', '.join(BC_DATA)}")
         if self.n_collectors < 1 or self.envs_per_collector < 1 or self.publish_every < 1:
             raise ValueError(
                 f"online: need n_collectors, envs_per_collector, publish_every >= 1; got {self.n_collectors}, "
@@ -234,6 +244,10 @@ class TrainConfig:
             )
         if self.online and self.algo == "bc":
             raise ValueError("--online trains an actor-critic: pass --algo diffusion-ql or td3-bc")
+        if self.online_rl.bc_data != "replay" and self.algo != "diffusion-ql":
+            raise ValueError(
+                f"--online-rl.bc-data {self.online_rl.bc_data} is a diffusion-ql option; got --algo {self.algo}"
+            )
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
         if not 0.0 <= self.ema_decay < 1.0:

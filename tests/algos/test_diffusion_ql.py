@@ -173,3 +173,20 @@ def test_td3_bc_update_delays_the_actor():
     assert algo.policy is actor and algo.evaluation_policy() is actor
     with pytest.raises(ValueError, match="--policy gaussian"):
         TD3BC(diffusion_actor(), tiny_critic(actor), TD3BCConfig(), engine())
+
+
+def test_bc_term_reads_the_separate_imitation_batch_when_given():
+    torch.manual_seed(0)
+    actor = _opened(diffusion_actor(steps=3))
+    algo = DiffusionQL(actor, tiny_critic(actor), DiffusionQLConfig(eta=0.0), engine())
+    main, other = batch(4), batch(4)
+    other["action"] = other["action"] + 3.0  # far from main's actions: a clearly different BC loss
+    torch.manual_seed(1)
+    own = algo.actor_loss(main)["bc_loss"]
+    torch.manual_seed(1)
+    separate = algo.actor_loss({**main, "bc": other})["bc_loss"]
+    torch.manual_seed(1)
+    expected = actor.loss(other)["loss"].detach()
+    torch.testing.assert_close(separate, expected)
+    assert not torch.isclose(own, separate)
+    assert float(algo.actor_loss({**main, "bc": None})["bc_loss"]) == 0.0  # no successes yet: Q term alone

@@ -210,3 +210,23 @@ def test_prefill_puts_every_dataset_transition_in_the_replay(tmp_path, dataset):
     np.testing.assert_array_equal(seen["item0"]["obs.state"][0], first["obs"]["state"].numpy())
     np.testing.assert_array_equal(seen["item0"]["reward"][0], first["reward"].numpy())
     np.testing.assert_array_equal(seen["item0"]["next_valid"][0], first["next_valid"].numpy())
+
+
+def test_self_imitation_ring_holds_the_successful_episodes_and_trains(tmp_path, dataset):
+    seen = {}
+
+    def hook(info):
+        if info["update"] == 0 and not seen:
+            seen["n"] = len(info["successes"])
+
+    online = {**TINY["online_rl"], "prefill_from_dataset": True, "learning_starts": 1, "bc_data": "successes"}
+    summary = train_online(_cfg(dataset, tmp_path / "run", steps=3, online_rl=online), progress=False, hook=hook)
+    c = _cfg(dataset, "unused").chunk
+    store = EpisodeStore.open(dataset)
+    won = np.flatnonzero(store.success)
+    assert len(won) > 0, "the expert dataset should hold a successful episode"
+    ds = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps, episodes=won)
+    assert seen["n"] == len(ds), "the dataset's successful episodes, and only they, start the imitation ring"
+    assert summary["train_steps"] == 3 and summary["successes_size"] >= len(ds)
+    with pytest.raises(ValueError, match="bc-data successes is a diffusion-ql option"):
+        _cfg(dataset, tmp_path / "x", algo="td3-bc", policy="gaussian", online_rl=online)

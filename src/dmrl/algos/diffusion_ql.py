@@ -125,8 +125,13 @@ class DiffusionQL(nn.Module):
         return {"loss": loss, "q": q.mean().detach(), "target": y.mean(), "td_error": td_error}
 
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
-        """Diffusion BC loss + eta * (-Q / mean|Q|) of a chunk sampled with gradients through the last k steps."""
-        bc_loss = self.actor.loss(batch)["loss"]
+        """Diffusion BC loss + eta * (-Q / mean|Q|) of a chunk sampled with gradients through the last k steps.
+
+        The BC term reads ``batch["bc"]`` when the batch carries one (a batch of the same layout, or None for no
+        BC term), else the batch itself."""
+        # Online self-imitation hands a separate batch of successful episodes ("bc"; None: none yet, Q term alone).
+        bc_batch = batch.get("bc", batch)
+        bc_loss = self.actor.loss(bc_batch)["loss"] if bc_batch is not None else batch["action"].new_zeros(())
         cond, cond_mask = self.actor.condition(batch["obs"])
         a_theta = self.actor.sample_with_grad(cond, self.grad_steps, cond_mask)  # (B, Tp, Da) normalised
         q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); critic frozen by update()

@@ -8,6 +8,7 @@ stop event ends every child, the state so far is saved, and the run can --resume
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing as mp
 import signal
@@ -98,7 +99,8 @@ def close_queues(*queues: Any) -> None:
 
 
 def train_online(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict:
-    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) gets update, collector_pids, replay."""
+    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) gets update, collector_pids,
+    replay, successes (the self-imitation ring or None)."""
     if cfg.algo not in ALGOS:
         raise ValueError(f"--online: --algo {cfg.algo!r} is not an actor-critic algorithm ({', '.join(ALGOS)})")
     if not Path(cfg.dataset).exists():
@@ -128,14 +130,22 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
     ctx = mp.get_context("spawn")
     actor_cpu = _cpu_copy(algo.policy)
     buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
+    # Self-imitation (bc_data "successes"): a uniform ring of successful episodes feeds the actor's BC term.
+    good = None
+    if oc.bc_data == "successes":
+        good = ReplayBuffer(transition_spec(actor_cpu), dataclasses.replace(oc.replay, prioritized=False), shared=True)
     if oc.prefill_from_dataset:
         c = cfg.chunk
         demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
         print(f"online: replay prefilled with {prefill_replay(buf, demos)} chunk transitions of {cfg.dataset}")
+        if good is not None:
+            won = np.flatnonzero(store.success)
+            wins = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps, episodes=won)
+            print(f"online: {prefill_replay(good, wins)} of them from its {len(won)} successful episodes to imitate")
     board, stop, env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
     args = lambda i, seed: (  # noqa: E731
         i, actor_cpu, env_id, env_kwargs, board.handle(), buf.handle(), env_steps, stop,
-        oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
+        oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed, good.handle() if good else None,
     )  # fmt: skip
     inbox, outbox, evaluator = ctx.Queue(), ctx.Queue(), None
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -160,7 +170,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             for ev in collectors.restart_dead():
                 log.write({"step": step, **ev})
             if hook is not None:
-                hook({"update": step, "collector_pids": collectors.pids, "replay": buf})
+                hook({"update": step, "collector_pids": collectors.pids, "replay": buf, "successes": good})
             buf.sync()
             if len(buf) < oc.learning_starts:
                 time.sleep(0.05)
@@ -168,6 +178,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             idx, flat, weights = buf.sample(cfg.batch_size, rng, progress=min(1.0, step / cfg.steps))
             batch = engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
             batch["progress"] = step / cfg.steps
+            if good is not None:  # the BC term's own batch of successful episodes (None until the first)
+                good.sync()
+                bc = nest(good.sample(cfg.batch_size, rng)[1]) if len(good) else None
+                batch["bc"] = engine.to_device({**_tensors(bc), "progress": step / cfg.steps}) if bc else None
             logs = algo.update(batch)
             td_error = logs.pop("td_error")  # (B,) |TD| per sampled slot from the critic step: its new priority
             buf.update_priorities(idx, td_error)
@@ -184,7 +198,8 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             if step % 10 == 0 or step == cfg.steps:
                 dt = time.perf_counter() - t0
                 rec = {"step": step, **logs, "env_steps": env_steps.value, "replay_size": len(buf),
-                       "updates_per_s": (step - start) / dt, "env_steps_per_s": env_steps.value / dt}  # fmt: skip
+                       "updates_per_s": (step - start) / dt, "env_steps_per_s": env_steps.value / dt,
+                       **({"successes_size": len(good)} if good is not None else {})}  # fmt: skip
                 log.write(rec)
                 summary = rec
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
@@ -200,8 +215,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
         signal.signal(signal.SIGTERM, old_term)
         log.close()
         board.close()
-        buf.close()
-        buf.unlink()
+        for ring in (buf, good):
+            if ring is not None:
+                ring.close()
+                ring.unlink()
     save(step)
     meta = {"env_id": env_id, "env_kwargs": env_kwargs_from_store(store), "dataset": str(cfg.dataset),
             "algo": cfg.algo, "online": True, "train_steps": step, "env_steps": env_steps.value,

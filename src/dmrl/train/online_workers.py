@@ -177,8 +177,10 @@ def collector_main(
     noise: float,
     n_envs: int,
     seed: int,
+    successes: ReplayHandle | None = None,
 ) -> None:
-    """Collector process: roll out episodes with the newest weights into the replay ring until ``stop`` is set."""
+    """Collector process: roll out episodes with the newest weights into the replay ring until ``stop`` is set;
+    with a ``successes`` ring, episodes that succeed go into it as well (the self-imitation BC data)."""
     _quiet_signals()
     from dmrl.envs import make_env
 
@@ -187,6 +189,7 @@ def collector_main(
     name, shape, version, lock = board
     weights = SharedArray(shape, np.float32, name=name)
     buf = ReplayBuffer.attach(replay)
+    good = ReplayBuffer.attach(successes) if successes is not None else None
     envs = [make_env(env_id, **env_kwargs) for _ in range(n_envs)]
     rng, seen, episode = np.random.default_rng(seed), -1, 0
     policy.eval()
@@ -198,15 +201,20 @@ def collector_main(
                         seen = version.value
                         flat = np.array(weights.array)
                     load_flat(policy, flat)
-                items, _ = rollout_chunks(policy, env, seed * 100_003 + episode, seed * 1000 + episode, noise, rng)
+                items, won = rollout_chunks(policy, env, seed * 100_003 + episode, seed * 1000 + episode, noise, rng)
                 episode += 1
-                buf.add({k: np.stack([it[k] for it in items]) for k in items[0]})
+                stacked = {k: np.stack([it[k] for it in items]) for k in items[0]}
+                buf.add(stacked)
+                if won and good is not None:
+                    good.add(stacked)
                 with steps.get_lock():
                     steps.value += int(sum(it["valid"].sum() for it in items))
                 if stop.is_set():
                     break
     finally:
         buf.close()
+        if good is not None:
+            good.close()
         weights.close()
         for env in envs:
             env.close()
