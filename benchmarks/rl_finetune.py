@@ -104,6 +104,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000, help="online updates of arms (a) and (c)")
     ap.add_argument("--eta", type=float, default=0.05, help="Diffusion-QL's Q weight online")
     ap.add_argument(
+        "--scratch-eta",
+        type=float,
+        default=None,
+        help="eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train",
+    )
+    ap.add_argument(
         "--bc-data",
         default="successes",
         choices=["replay", "successes"],
@@ -140,11 +146,12 @@ def main() -> None:
             online = {"n_collectors": 1, "eval_every": args.eval_every, "eval_episodes": args.curve_episodes,
                       "prefill_from_dataset": init, "learning_starts": 1000, "bc_data": args.bc_data,
                       "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
-            cfg = template(args.config, **base, out=args.out / f"{arm}_seed{seed}", algo="diffusion-ql",
+            eta = args.scratch_eta if arm == "scratch" and args.scratch_eta is not None else args.eta
+            run = args.out / f"{arm}_eta{eta:g}_{args.bc_data}_seed{seed}"  # settings in the name: runs coexist
+            cfg = template(args.config, **base, out=run, algo="diffusion-ql",
                            policy="diffusion", steps=args.steps, online=True, online_rl=online,
                            init=bc_out / "checkpoint" if init else None,
-                           diffusion_ql={"eta": args.eta})  # fmt: skip
-            run = args.out / f"{arm}_seed{seed}"
+                           diffusion_ql={"eta": eta})  # fmt: skip
             summary = finished_online(cfg, run)  # rl_per.md and rl_finetune.md share the bc_rl runs
             fresh = summary is None
             if fresh:
@@ -179,6 +186,7 @@ def main() -> None:
         "bc_steps": args.bc_steps,
         "online_updates": args.steps,
         "eta": args.eta,
+        "scratch_eta": args.eta if args.scratch_eta is None else args.scratch_eta,
         "bc_data": args.bc_data,
         "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
         "final_eval": f"{args.episodes} episodes, seeds 100000..",
