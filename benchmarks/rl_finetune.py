@@ -32,6 +32,11 @@ from dmrl.train.metrics import wilson_interval
 # bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (python benchmarks/rl_per.py).
 ONLINE = {"bc_rl": (True, True), "scratch": (False, True), "bc_rl_uniform": (True, False)}
 COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4"}
+LABELS = {
+    "bc_rl": "(c) BC -> online (PER)",
+    "scratch": "(a) online from scratch",
+    "bc_rl_uniform": "(c) with uniform replay",
+}
 
 
 def make_weak(path: Path, demos: int) -> Path:
@@ -121,7 +126,13 @@ def main() -> None:
     ap.add_argument("--arms", nargs="+", default=["bc", "bc_rl", "scratch"], choices=["bc", *ONLINE])
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_finetune")
     ap.add_argument("--name", default="rl_finetune", help="results name (rl_per: --arms bc_rl bc_rl_uniform)")
+    ap.add_argument("--replot", action="store_true", help="only redraw docs/{name}.png from the results JSON")
     args = ap.parse_args()
+    if args.replot:
+        saved = json.loads((ROOT / "benchmarks" / "results" / f"{args.name}.json").read_text())
+        bc = [r["final_success"] for r in saved["results"] if r["arm"] == "bc"]
+        plot(saved["meta"]["curves"], bc[0] if bc else None, ROOT / "docs" / f"{args.name}.png")
+        return
     import torch
 
     torch.set_num_threads(1)  # the collector and the evaluator take the other core
@@ -208,9 +219,9 @@ def plot(curves: dict[str, list], bc_final: float | None, path: Path) -> None:
         for i, pts in enumerate(runs):
             xs = [p[1] for p in pts if p[1] is not None]
             ys = [p[2] for p in pts if p[1] is not None]
-            ax.plot(xs, ys, marker=".", label=arm if i == 0 else None, color=COLORS[arm])
+            ax.plot(xs, ys, marker=".", label=LABELS[arm] if i == 0 else None, color=COLORS[arm])
     if bc_final is not None:
-        ax.axhline(bc_final, color="C0", ls="--", label="BC only (final)")
+        ax.axhline(bc_final, color="C0", ls="--", label="(b) BC only (final)")
     ax.set_xlabel("env steps")
     ax.set_ylabel("success (curve evaluations)")
     ax.set_ylim(-0.02, 1.02)
