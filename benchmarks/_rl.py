@@ -68,9 +68,10 @@ def train_one(cfg: TrainConfig) -> dict:
     return train_offline_rl(cfg, progress=False)
 
 
-def finished(cfg: TrainConfig) -> dict | None:
-    """The summary of a finished run at cfg.out trained with exactly these settings (an evaluation included),
-    else None: benchmarks sharing a run (rl_truncation's k = S is rl_offline's diffusion-ql) train it once."""
+def finished(cfg: TrainConfig, need_eval: bool = True) -> dict | None:
+    """The summary of a finished run at cfg.out trained with exactly these settings (an evaluation included unless
+    ``need_eval`` is False: online runs are evaluated apart), else None: benchmarks sharing a run (rl_truncation's
+    k = S is rl_offline's diffusion-ql; rl_per's and rl_finetune's bc_rl) train it once."""
     from dmrl.config import to_dict
     from dmrl.train.offline import _flat
 
@@ -82,7 +83,7 @@ def finished(cfg: TrainConfig) -> dict | None:
     for flat in (a, b):  # --overwrite says how a run was started, not what it trained
         flat.pop("overwrite", None)
     out = json.loads(summary.read_text())
-    return out if a == b and "eval" in out else None
+    return out if a == b and ("eval" in out or not need_eval) else None
 
 
 def run_all(runs: dict, parallel: int) -> dict:

@@ -23,13 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from _common import machine, write_results
-from _rl import ROOT, template, train_one
+from _rl import ROOT, finished, template, train_one
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 from dmrl.train.metrics import wilson_interval
 
 # Online arms: name -> (start from the BC checkpoint and keep the demonstrations in the replay, prioritized replay).
-# bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (python benchmarks/rl_per.py).
+# bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (--arms bc_rl bc_rl_uniform
+# --name rl_per).
 ONLINE = {"bc_rl": (True, True), "scratch": (False, True), "bc_rl_uniform": (True, False)}
 COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4"}
 LABELS = {
@@ -74,20 +75,6 @@ def drawdown(points: list[tuple[int, int, float]], window: int = 3) -> float:
         return float("nan")
     smooth = np.convolve(ys, np.ones(window) / window, mode="valid")
     return float(np.clip(smooth[:-1] - smooth[1:], 0, None).sum())
-
-
-def finished_online(cfg, run: Path) -> dict | None:
-    """The summary of a finished online run at ``run`` with exactly ``cfg``'s settings, else None."""
-    from dmrl.config import to_dict
-    from dmrl.train.offline import _flat
-
-    if not ((run / "summary.json").is_file() and (run / "config.json").is_file() and (run / "checkpoint").exists()):
-        return None
-    saved = json.loads((run / "config.json").read_text())
-    a, b = _flat(saved), _flat(json.loads(json.dumps(to_dict(cfg), default=str)))
-    for flat in (a, b):
-        flat.pop("overwrite", None)
-    return json.loads((run / "summary.json").read_text()) if a == b else None
 
 
 def steps_to(points: list[tuple[int, int, float]], threshold: float) -> int | None:
@@ -137,6 +124,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # the collector and the evaluator take the other core
     t0 = time.perf_counter()
+    scratch_eta = args.eta if args.scratch_eta is None else args.scratch_eta
     data = make_weak(args.out / "weak.zarr", args.demos)
     results: dict[str, list[dict]] = {a: [] for a in args.arms}
     curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
@@ -157,13 +145,14 @@ def main() -> None:
             online = {"n_collectors": 1, "eval_every": args.eval_every, "eval_episodes": args.curve_episodes,
                       "prefill_from_dataset": init, "learning_starts": 1000, "bc_data": args.bc_data,
                       "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
-            eta = args.scratch_eta if arm == "scratch" and args.scratch_eta is not None else args.eta
+            eta = scratch_eta if arm == "scratch" else args.eta
             run = args.out / f"{arm}_eta{eta:g}_{args.bc_data}_seed{seed}"  # settings in the name: runs coexist
             cfg = template(args.config, **base, out=run, algo="diffusion-ql",
                            policy="diffusion", steps=args.steps, online=True, online_rl=online,
                            init=bc_out / "checkpoint" if init else None,
                            diffusion_ql={"eta": eta})  # fmt: skip
-            summary = finished_online(cfg, run)  # rl_per.md and rl_finetune.md share the bc_rl runs
+            # rl_per.md and rl_finetune.md share the bc_rl runs (online.py writes summary.json after the checkpoint)
+            summary = finished(cfg, need_eval=False)
             fresh = summary is None
             if fresh:
                 summary = train_online(cfg, progress=False)
@@ -197,7 +186,7 @@ def main() -> None:
         "bc_steps": args.bc_steps,
         "online_updates": args.steps,
         "eta": args.eta,
-        "scratch_eta": args.eta if args.scratch_eta is None else args.scratch_eta,
+        "scratch_eta": scratch_eta,
         "bc_data": args.bc_data,
         "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
         "final_eval": f"{args.episodes} episodes, seeds 100000..",

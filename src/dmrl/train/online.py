@@ -175,13 +175,14 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable
             if len(buf) < oc.learning_starts:
                 time.sleep(0.05)
                 continue
-            idx, flat, weights = buf.sample(cfg.batch_size, rng, progress=min(1.0, step / cfg.steps))
+            progress = step / cfg.steps
+            idx, flat, weights = buf.sample(cfg.batch_size, rng, progress=min(1.0, progress))
             batch = engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
-            batch["progress"] = step / cfg.steps
+            batch["progress"] = progress
             if good is not None:  # the BC term's own batch of successful episodes (None until the first)
                 good.sync()
                 bc = nest(good.sample(cfg.batch_size, rng)[1]) if len(good) else None
-                batch["bc"] = engine.to_device({**_tensors(bc), "progress": step / cfg.steps}) if bc else None
+                batch["bc"] = engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
             logs = algo.update(batch)
             td_error = logs.pop("td_error")  # (B,) |TD| per sampled slot from the critic step: its new priority
             buf.update_priorities(idx, td_error)
