@@ -116,7 +116,10 @@ def main() -> None:
     ap.add_argument("--replot", action="store_true", help="only redraw docs/{name}.png from the results JSON")
     args = ap.parse_args()
     if args.replot:
-        saved = json.loads((ROOT / "benchmarks" / "results" / f"{args.name}.json").read_text())
+        path = ROOT / "benchmarks" / "results" / f"{args.name}.json"
+        if not path.is_file():
+            sys.exit(f"--replot: {path} missing; run without --replot first (or pass the --name of an existing result)")
+        saved = json.loads(path.read_text())
         bc = [r["final_success"] for r in saved["results"] if r["arm"] == "bc"]
         plot(saved["meta"]["curves"], bc[0] if bc else None, ROOT / "docs" / f"{args.name}.png")
         return
