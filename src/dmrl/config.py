@@ -212,6 +212,9 @@ class TrainConfig:
     seed: int = 0
     num_workers: int = 0
     """DataLoader worker processes."""
+    cache_images: bool = False
+    """Read the store's rgb/depth arrays into memory once (rgb H*W*3 bytes, depth H*W*4 per camera and step) instead
+    of decompressing zarr chunks for every sample: at 64 px on 2 CPU cores that was ~40% of a multimodal step."""
     eval_episodes: int = 0
     """Closed-loop evaluation episodes after training (0: none); seeds eval_seed, eval_seed + 1, ..."""
     eval_seed: int = 100_000

@@ -225,7 +225,8 @@ def test_gradients_reach_only_trainable_layers() -> None:
     vit = enc.frames["rgb"].encoder
     assert all(p.grad is None and not p.requires_grad for p in vit.backbone.parameters())
     assert vit.head.proj.weight.grad is not None and vit.head.proj.weight.grad.abs().sum() > 0
-    force = [p.grad for n, p in enc.proprio.named_parameters() if "force" in n]
+    force = [p.grad for n, p in enc.named_parameters() if "force" in n]  # its tokenizer and its skip
+    assert len(force) == 4 + len(list(enc.skip["force"].parameters()))
     assert force and all(g is None or not g.any() for g in force)  # masked for every sample: exactly zero
     assert all(torch.isfinite(p.grad).all() for p in enc.parameters() if p.grad is not None)
     for name, p in enc.named_parameters():
@@ -431,3 +432,16 @@ def test_pos_embed_is_interpolated_for_another_grid(tmp_path: Path) -> None:
     assert enc.backbone.pos_embed.shape == (1, 6 * 8, 32)
     torch.testing.assert_close(enc.backbone.pos_embed, torch.full((1, 48, 32), 0.3))
     assert enc(torch.randint(0, 256, (2, 3, 48, 64), dtype=torch.uint8)).shape == (2, 48, D)
+
+
+def test_proprio_skip_adds_a_linear_map_of_the_frames() -> None:
+    enc = make_encoder(("rgb", "joints")).eval()
+    obs = make_obs()
+    with torch.no_grad():
+        out = enc(obs)
+        skip = enc.skip["joints"](obs["joints"].flatten(1))  # (B, D) from the To frames
+        enc.skip = None
+        plain = enc(obs)
+    torch.testing.assert_close(out.pooled, plain.pooled + skip)
+    torch.testing.assert_close(out.tokens, plain.tokens + skip[:, None])
+    assert make_encoder(("rgb", "joints"), proprio_skip=False).skip is None

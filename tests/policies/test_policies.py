@@ -159,3 +159,21 @@ def test_hybrid_sampling_heads():
     eps_policy = build_policy("diffusion", ChunkConfig(), DiffusionPolicyConfig(prediction_type="epsilon"), OBS, 3)
     with pytest.raises(ValueError, match="hybrid"):
         eps_policy.set_sampler(4, head="x0")
+
+
+def test_noise_samples_repeat_each_condition_for_the_denoiser():
+    from dmrl.policies.diffusion import DiffusionPolicyConfig
+
+    torch.manual_seed(0)
+    policy = build_policy("diffusion", ChunkConfig(), DiffusionPolicyConfig(noise_samples=3), OBS, 3)
+    seen = []
+    policy.denoiser.register_forward_hook(lambda m, args, out: seen.append((args[0], args[2])))
+    out = policy.loss(_batch(b=4))
+    x_t, cond = seen[0]
+    assert x_t.shape == (12, 16, 3) and cond.shape == (12, policy.encoder.out_dim)
+    rows = cond.view(4, 3, -1)
+    assert torch.equal(rows, rows[:, :1].expand_as(rows)), "each observation's condition is repeated, in order"
+    assert not torch.equal(x_t[0], x_t[1]), "with independent noise draws"
+    assert torch.isfinite(out["loss"])
+    with pytest.raises(ValueError, match="noise_samples"):
+        DiffusionPolicyConfig(noise_samples=0)

@@ -177,6 +177,11 @@ class MultimodalEncoderConfig:
     """Hidden width of the concat fusion's MLP."""
     modality_dropout: float = 0.0
     """Training only: per sample, each modality is masked out with this probability; one always stays."""
+    proprio_skip: bool = True
+    """Also add a linear map of the To frames of joints and force straight onto the fused output (every latent and
+    the pooled vector), as Diffusion Policy concatenates low-dim state to its image features. Without it the arm's
+    own pose reaches the denoiser only through attention over a few hundred image tokens, which it learns slowly.
+    A masked or missing modality adds nothing, exactly as its masked tokens add nothing."""
 
     def __post_init__(self) -> None:
         chosen = tuple(self.modalities)
@@ -232,6 +237,7 @@ class MultimodalEncoder(nn.Module):
             self.frames["depth"] = FrameTokenizer(DepthEncoder(c.depth, **geometry), to)
         low = {k: getattr(c, f"{k}_dim") for k in ("joints", "force") if k in c.modalities}
         self.proprio = ProprioTokenizer(low, to, d) if low else None
+        self.skip = nn.ModuleDict({k: nn.Linear(to * n, d) for k, n in low.items()}) if c.proprio_skip else None
         # Token count per modality, for the masked placeholder of a missing one. An instruction's length is
         # only known once tokenized, so its placeholder is a single masked token.
         self.n_tokens = {k: m.n_tokens for k, m in self.frames.items()} | dict.fromkeys(low, to)
@@ -290,6 +296,19 @@ class MultimodalEncoder(nn.Module):
         keep = flags.to(device=value.device, dtype=torch.bool).view(-1, *([1] * (value.ndim - 1)))
         return torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
 
+    def _proprio_skip(self, blanked: Mapping[str, Tensor | Sequence[str]], keep: Tensor, ref: Tensor) -> Tensor:
+        """(B, D): the sum over joints / force of Linear(their To frames flattened), zero where the modality is
+        masked, dropped or missing (`where`, not a product, so masked NaN values cannot leak)."""
+        assert self.skip is not None
+        out = torch.zeros_like(ref)
+        for i, name in enumerate(self.config.modalities):
+            if name in self.skip and name in blanked:
+                value = blanked[name]
+                assert isinstance(value, Tensor)
+                term = self.skip[name](value.flatten(1).to(ref.dtype))
+                out = out + torch.where(keep[:, i, None], term, torch.zeros((), dtype=term.dtype, device=term.device))
+        return out
+
     def forward(
         self, obs: Mapping[str, Tensor | Sequence[str]], present: Mapping[str, Tensor] | None = None
     ) -> EncoderOutput:
@@ -303,7 +322,8 @@ class MultimodalEncoder(nn.Module):
                 raise ValueError(
                     f"MultimodalEncoder: present[{name!r}] has shape {tuple(flags.shape)}; expected ({b},)"
                 )
-        encoded = {k: self._encode(k, self._blank(obs[k], present.get(k))) for k in c.modalities if k in obs}
+        blanked = {k: self._blank(obs[k], present.get(k)) for k in c.modalities if k in obs}
+        encoded = {k: self._encode(k, v) for k, v in blanked.items()}
         ref = next(iter(encoded.values()))[0]
         parts, avail = [], []
         for name in c.modalities:
@@ -324,6 +344,9 @@ class MultimodalEncoder(nn.Module):
             tokens, pooled = self.fusion(torch.cat([t for t, _ in parts], 1), torch.cat([m for _, m in parts], 1))
         else:
             tokens, pooled = self.fusion(parts)
+        if self.skip is not None:
+            skip = self._proprio_skip(blanked, keep, pooled)
+            tokens, pooled = tokens + skip[:, None].to(tokens.dtype), pooled + skip.to(pooled.dtype)
         return EncoderOutput(
             tokens=tokens,
             mask=torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device),

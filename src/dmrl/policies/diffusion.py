@@ -52,6 +52,10 @@ class DiffusionPolicyConfig:
     """DDIM timestep spacing; "trailing" starts from the noisiest step, better for few steps."""
     hybrid: HybridWeights = field(default_factory=HybridWeights)
     """x0/ε loss weights over training progress (prediction_type hybrid only)."""
+    noise_samples: int = 1
+    """Training: noise draws (t, ε) per observation in each batch. The observation is encoded once and its condition
+    repeated, so with an image encoder the extra draws cost only the denoiser: more of the loss's variance over t
+    and ε averaged per encoder pass (the effective denoiser batch is batch_size * noise_samples)."""
     sample_head: str = "both"
     """Hybrid only: heads driving DDIM: both (x0 head for the x0 term, ε head for the noise term), eps, x0, or
     blend (the x0 head's implied noise for t >= T/2, the ε head below: each head where it is accurate)."""
@@ -73,6 +77,8 @@ class DiffusionPolicyConfig:
                 f"diffusion num_inference_steps: got {self.num_inference_steps}; "
                 f"allowed 1..num_train_steps={self.num_train_steps}"
             )
+        if not isinstance(self.noise_samples, int) or self.noise_samples < 1:
+            raise ValueError(f"diffusion noise_samples: got {self.noise_samples!r}; allowed an integer >= 1")
         if self.sample_head not in SAMPLE_HEADS:
             raise ValueError(f"diffusion sample_head: got {self.sample_head!r}; allowed: {', '.join(SAMPLE_HEADS)}")
         if self.sample_head != "both" and self.prediction_type != "hybrid":
@@ -134,6 +140,12 @@ class DiffusionPolicy(ChunkPolicy):
     def loss(self, batch: dict) -> dict[str, Tensor]:
         x0 = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
         cond, cond_mask = self.condition(batch["obs"])  # (B, D), None or (B, K, D), (B, K)
+        mask = batch.get("action_mask")
+        k = self.config.noise_samples
+        if k > 1:  # (B, ...) -> (B * k, ...), each observation's rows adjacent
+            x0, cond = x0.repeat_interleave(k, 0), cond.repeat_interleave(k, 0)
+            cond_mask = None if cond_mask is None else cond_mask.repeat_interleave(k, 0)
+            mask = None if mask is None else mask.repeat_interleave(k, 0)
         t, noise, x_t = sample_training_inputs(self.schedule, x0)
         model_out = self.denoiser(x_t, t, cond, cond_mask).float()  # the loss in fp32 under autocast
         weights = None
@@ -147,7 +159,7 @@ class DiffusionPolicy(ChunkPolicy):
             x_t,
             t,
             self.schedule,
-            mask=batch.get("action_mask"),
+            mask=mask,
             hybrid_weights=weights,
         )
 

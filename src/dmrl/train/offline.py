@@ -191,9 +191,17 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
     model = engine.prepare(policy.train())
     ema.model.to(engine.device)
     c = cfg.chunk
-    ds_kw = dict(obs_keys=c.obs_keys, horizon_obs=c.n_obs_steps, horizon_pred=c.horizon, horizon_exec=c.n_action_steps)
+    ds_kw = dict(
+        obs_keys=c.obs_keys,
+        horizon_obs=c.n_obs_steps,
+        horizon_pred=c.horizon,
+        horizon_exec=c.n_action_steps,
+        cache_images=cfg.cache_images,
+    )
     train_ds = SequenceDataset(store, episodes=train_eps, **ds_kw)
-    val_ds = SequenceDataset(store, episodes=val_eps, **ds_kw) if len(val_eps) and main else None
+    # The validation set is a few batches: read from the store, not a second in-memory copy of every image.
+    val_kw = ds_kw | {"cache_images": False}
+    val_ds = SequenceDataset(store, episodes=val_eps, **val_kw) if len(val_eps) and main else None
     opt = torch.optim.AdamW(policy.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(cfg))
     start, summary = 0, {}
