@@ -1,100 +1,121 @@
-"""Multimodal policy from images + proprio + instruction, and its robustness to a missing modality (issue 4).
+"""Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state (issue 4).
 
-Run: ``python benchmarks/multimodal.py [--steps N] [--episodes N]`` (collects outputs/multimodal/dataset.zarr with
-rgb, depth, joints, force and instruction first if it is not there). Trains one policy on the multimodal encoder,
-then evaluates it on the same seeds with every modality and with each modality of --drop withheld (the encoder
-masks it; train with --modality-dropout > 0 so that it has seen missing modalities). Writes
-benchmarks/results/multimodal.json and .md. ``--smoke`` runs a tiny network for a few steps and writes nothing to
-benchmarks/results (a check that the pipeline runs, not a result).
+Run: ``python benchmarks/multimodal.py [--arms main concat lm_last_layer gaussian vae] [--episodes 100]``.
+It collects outputs/multimodal/dataset.zarr first if it is not there (300 expert episodes, 64 px front camera, 3 cups,
+train paraphrases). Each arm trains the preset (``--config``, default configs/grasp_multimodal_cpu.yaml) with one
+change, then is evaluated on seeds 100000.. with train and with held-out instruction paraphrases:
 
-Skeleton: the default sizes are a starting point, not a tuned recipe; nothing here has been run at full length.
+    main           the preset: Perceiver fusion, frozen MiniLM, diffusion policy
+    concat         fusion: pooled features concatenated + MLP (the seed's weakest fusion)
+    lm_last_layer  MiniLM's last transformer layer fine-tuned instead of frozen
+    gaussian, vae  the MLP and VAE policies on the same encoder, data and steps (the seed's table, multimodal)
+
+``main`` is also evaluated with each modality withheld at test time (train paraphrases, --drop-episodes each).
+A finished run with the same settings is reused, and the results of arms not run this time are kept, so arms can
+be added one invocation at a time. Writes benchmarks/results/multimodal.json and .md; entries ``train_paraphrases``
+and ``heldout_paraphrases`` are the main arm's. ``--smoke`` runs tiny networks for a few steps and writes nothing
+to benchmarks/results (a check that the pipeline runs, not a result).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from _common import machine, write_results
-from dmrl.config import TrainConfig, merge
+from _common import RESULTS, machine, write_results
+from _rl import finished
+from dmrl.config import TrainConfig, load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rgb", "depth", "joints", "force", "instruction")
-# --smoke: one block per network, D = 32, frozen MiniLM; seconds per step on a CPU.
-SMOKE = {
-    "multimodal": {
-        "dim": 32,
-        "vit": {"width": 32, "depth": 1, "n_heads": 2},
-        "depth": {"width": 16, "depth": 1, "n_heads": 2},
-        "perceiver": {"n_latents": 4, "n_heads": 2, "n_layers": 1},
-    },
-    "language": {"out_dim": 32, "trainable_layers": 0},
+ARMS: dict[str, dict] = {
+    "main": {},
+    "concat": {"chunk": {"multimodal": {"fusion": "concat"}}},
+    "lm_last_layer": {"chunk": {"language": {"trainable_layers": 1}}},
+    "gaussian": {"policy": "gaussian"},
+    "vae": {"policy": "vae"},
 }
+# --smoke: one block per network, D = 32, frozen MiniLM, a few steps of 8.
+SMOKE = {
+    "steps": 4,
+    "batch_size": 8,
+    "cache_images": False,
+    "chunk": {
+        "multimodal": {
+            "dim": 32,
+            "vit": {"width": 32, "depth": 1, "n_heads": 2},
+            "depth": {"width": 16, "depth": 1, "n_heads": 2},
+            "perceiver": {"n_latents": 4, "n_heads": 2, "n_layers": 1},
+        },
+        "language": {"out_dim": 32, "trainable_layers": 0},
+    },
+}
+COLUMNS = [
+    "entry",
+    "paraphrases",
+    "dropped",
+    "episodes",
+    "success_rate",
+    "ci_low",
+    "ci_high",
+    "collision_rate",
+    "route_left",
+    "route_right",
+    "train_minutes",
+    "samples_per_s",
+]
+
+
+def deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
     from dmrl.envs.collect import CollectConfig, collect
 
-    if path.exists():
-        return
-    collect(CollectConfig(out=path, episodes=episodes, obs_modes=MODES, image_size=image_size, workers=2))
+    if not path.exists():
+        collect(CollectConfig(out=path, episodes=episodes, obs_modes=MODES, image_size=image_size, workers=2))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "multimodal" / "dataset.zarr")
-    ap.add_argument("--collect-episodes", type=int, default=300)
-    ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--policy", default="diffusion")
-    ap.add_argument("--denoiser", default="transformer")
-    ap.add_argument("--fusion", default="perceiver", choices=("perceiver", "concat"))
-    ap.add_argument("--modality-dropout", type=float, default=0.1)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--drop", nargs="*", default=["depth", "rgb", "force", "instruction"])
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
+def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
+    preset = load_yaml(args.config)
+    extra = {"steps": args.steps} if args.steps else {}
+    overrides = deep_merge(deep_merge(preset, ARMS[arm]), extra | (SMOKE if args.smoke else {}))
+    if args.smoke and overrides.get("policy", "diffusion") == "diffusion":
+        overrides = deep_merge(overrides, {"diffusion": {"denoiser_kwargs": {"hidden_dim": 32, "n_blocks": 1}}})
+    out = args.out / (f"smoke_{arm}" if args.smoke else arm)
+    return merge(TrainConfig(), overrides | {"dataset": args.dataset, "out": out})
 
-    from dmrl.data import EpisodeStore
+
+def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict) -> list[dict]:
     from dmrl.train.checkpoint import load_policy
     from dmrl.train.evaluate import evaluate
-    from dmrl.train.offline import train_bc
 
-    collect_if_missing(args.dataset, 3 if args.smoke else args.collect_episodes, 16 if args.smoke else args.image_size)
-    chunk = {
-        "encoder_type": "multimodal",
-        "obs_keys": list(MODES),
-        "multimodal": {"fusion": args.fusion, "modality_dropout": args.modality_dropout},
-    }
-    if args.smoke:
-        chunk["multimodal"] |= SMOKE["multimodal"]
-        chunk["language"] = SMOKE["language"]
-    denoiser_kwargs = {"d_model": 32, "n_layers": 1, "n_heads": 2} if args.smoke else {}
-    cfg = merge(
-        TrainConfig(),
-        {
-            "dataset": args.dataset,
-            "out": args.out / f"{args.policy}_{args.fusion}",
-            "policy": args.policy,
-            "steps": 4 if args.smoke else args.steps,
-            "batch_size": 8 if args.smoke else args.batch_size,
-            "overwrite": True,
-            "chunk": chunk,
-            "diffusion": {"denoiser": args.denoiser, "denoiser_kwargs": denoiser_kwargs},
-        },
-    )
-    summary = train_bc(cfg)
     policy, meta = load_policy(cfg.out / "checkpoint")
-    env_id = EpisodeStore.open(args.dataset).attrs["env_id"]
-    seeds = list(range(100_000, 100_000 + (2 if args.smoke else args.episodes)))
+    n_main = 2 if args.smoke else args.episodes
+    n_abl = 2 if args.smoke else args.ablation_episodes
+    n_drop = 2 if args.smoke else args.drop_episodes
+    plan = [("train", (), n_main if arm == "main" else n_abl), ("heldout", (), n_main if arm == "main" else n_abl)]
+    if arm == "main":
+        plan += [("train", (m,), n_drop) for m in args.drop]
     rows = []
-    for drop in [(), *((m,) for m in args.drop if m in MODES)]:
-        ev = evaluate(policy, env_id, seeds, meta["env_kwargs"], n_envs=1 if args.smoke else 4, drop=drop)
+    for paraphrases, drop, n in plan:
+        seeds = list(range(100_000, 100_000 + n))
+        kwargs = {**meta["env_kwargs"], "paraphrases": paraphrases}
+        ev = evaluate(policy, meta["env_id"], seeds, kwargs, n_envs=1 if args.smoke else 2, drop=drop)
+        if arm == "main" and not drop:
+            entry = f"{paraphrases}_paraphrases"
+        else:
+            entry = f"{arm}_drop_{drop[0]}" if drop else f"{arm}_{paraphrases}"
         rows.append(
             {
+                "entry": entry,
+                "paraphrases": paraphrases,
                 "dropped": ",".join(drop) or "none",
                 "episodes": ev.episodes,
                 "success_rate": ev.success_rate,
@@ -103,25 +124,62 @@ def main() -> None:
                 "collision_rate": ev.collision_rate,
                 "route_left": ev.route_left,
                 "route_right": ev.route_right,
+                "train_minutes": summary["train_seconds"] / 60,
+                "samples_per_s": summary["train_steps"] * cfg.batch_size / summary["train_seconds"],
+                "steps": summary["train_steps"],
+                "run": str(cfg.out.relative_to(ROOT)) if cfg.out.is_relative_to(ROOT) else str(cfg.out),
             }
         )
-        print(rows[-1], flush=True)
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "grasp_multimodal_cpu.yaml")
+    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "multimodal" / "dataset.zarr")
+    ap.add_argument("--collect-episodes", type=int, default=300)
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--arms", nargs="+", default=["main"], choices=list(ARMS))
+    ap.add_argument("--steps", type=int, default=0, help="override the preset's steps (0: keep them)")
+    ap.add_argument("--episodes", type=int, default=100, help="main arm: episodes per paraphrase set")
+    ap.add_argument("--ablation-episodes", type=int, default=50, help="other arms: episodes per paraphrase set")
+    ap.add_argument("--drop-episodes", type=int, default=50, help="main arm: episodes per withheld modality")
+    ap.add_argument("--drop", nargs="*", default=list(MODES), choices=MODES)
+    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    if not args.config.is_file():
+        sys.exit(f"--config: no file {args.config}; pass a preset YAML such as configs/grasp_multimodal_cpu.yaml")
+
+    from dmrl.train.offline import train_bc
+
+    collect_if_missing(args.dataset, 3 if args.smoke else args.collect_episodes, 16 if args.smoke else args.image_size)
+    rows: list[dict] = []
+    for arm in args.arms:
+        cfg = arm_config(args, arm)
+        summary = finished(cfg, need_eval=False)
+        if summary is None:
+            cfg.overwrite = True
+            summary = train_bc(cfg)
+        else:
+            print(f"reusing the finished run {cfg.out}")
+        rows += evaluate_arm(args, arm, cfg, summary)
     if args.smoke:
         print("--smoke: nothing written to benchmarks/results")
         return
-    info = {
-        **machine(),
-        "command": "python benchmarks/multimodal.py " + " ".join(sys.argv[1:]),
-        "policy": args.policy,
-        "denoiser": args.denoiser,
-        "fusion": args.fusion,
-        "modality_dropout": args.modality_dropout,
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "image_size": args.image_size,
-        "train_minutes": summary["train_seconds"] / 60,
-    }
-    write_results("multimodal", rows, info, list(rows[0]))
+    # Keep the entries of arms not run this time (each row names its run and commit).
+    old = RESULTS / "multimodal.json"
+    if old.is_file():
+        new = {r["entry"] for r in rows}
+        kept = [r for r in json.loads(old.read_text()).get("results", []) if r.get("entry") not in new]
+        rows = kept + rows
+    command = "python benchmarks/multimodal.py " + " ".join(sys.argv[1:])
+    info = {**machine(), "command": command, "preset": str(args.config)}
+    for r in rows:  # rows kept from an earlier invocation keep its command and commit
+        r.setdefault("command", info["command"])
+        r.setdefault("git_commit", info["git_commit"])
+    write_results("multimodal", rows, info, COLUMNS)
 
 
 if __name__ == "__main__":

@@ -190,3 +190,31 @@ def test_bc_term_reads_the_separate_imitation_batch_when_given():
     torch.testing.assert_close(separate, expected)
     assert not torch.isclose(own, separate)
     assert float(algo.actor_loss({**main, "bc": None})["bc_loss"]) == 0.0  # no successes yet: Q term alone
+
+
+def test_advantage_weights_follow_q_of_the_data_chunks_and_average_one():
+    torch.manual_seed(0)
+    actor = _opened(diffusion_actor(steps=2))
+    cfg = DiffusionQLConfig(eta=0.0, bc_weighting="advantage", bc_weight_max=5.0, value_samples=3)
+    algo = DiffusionQL(actor, tiny_critic(actor), cfg, engine())
+    b = batch(16)
+    torch.manual_seed(5)
+    w = algo.advantage_weights(b)
+    torch.manual_seed(5)  # the same actor samples: V(s) = mean Q of 3 chunks per row, rows in order
+    with torch.no_grad():
+        q = algo.critic(b["obs"], algo.critic.executed_from_data(b["action"])).min(0).values
+        rep = {"state": b["obs"]["state"].repeat_interleave(3, 0)}
+        chunks = algo.policy._sample_chunk(algo.policy.encode(rep))
+        v = algo.critic(rep, algo.critic.executed(chunks)).min(0).values.view(16, 3).mean(1)
+    adv = q - v
+    assert w.shape == (16,) and torch.isclose(w.mean(), torch.tensor(1.0))
+    assert torch.equal(torch.argsort(w[w < w.max()]), torch.argsort(adv[w < w.max()])), "weights rise with A"
+    raw = torch.exp(adv / adv.abs().mean())
+    assert raw.max() > 5.0, "this batch exercises the cap"
+    torch.testing.assert_close(w, raw.clamp(max=5.0) / raw.clamp(max=5.0).mean())
+    out = algo.actor_loss(b)
+    assert float(out["q_loss"]) == 0.0 and torch.isfinite(out["loss"])  # eta 0: no Q term
+    with pytest.raises(ValueError, match="bc_weighting"):
+        DiffusionQLConfig(bc_weighting="awr")
+    with pytest.raises(ValueError, match="replay batch itself"):
+        algo.actor_loss({**b, "bc": batch(4)})

@@ -22,6 +22,7 @@ from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 
 ETA_SCHEDULES = ("constant", "linear")
+ACTOR_OBJECTIVES = ("q_gradient", "advantage_weighted")
 
 
 @dataclass
@@ -38,6 +39,17 @@ class DiffusionQLConfig:
     """k: only the last k DDIM steps of a_theta carry gradients, the first S - k run without (1..S; None: all S)."""
     n_action_samples: int = 1
     """Best-of-N at evaluation: N sampled chunks, the critic's favourite is executed (1: plain sampling)."""
+    bc_weighting: str = "none"
+    """none (published Diffusion-QL), or advantage: each sample's BC term weighted by exp(A / (beta * mean|A|)),
+    A = Q(s, a_data) - mean_j Q(s, a_j), a_j from the EMA actor (CRR / AWR style). The critic is then read only at
+    the dataset's chunks and the actor's own samples, never at chunks pushed along its gradient; use with eta 0 for
+    advantage-weighted BC alone."""
+    bc_weight_beta: float = 1.0
+    """Temperature of the advantage weights, in units of the batch's mean |A| (smaller: sharper)."""
+    bc_weight_max: float = 20.0
+    """Cap on a weight before the batch's weights are scaled to mean 1."""
+    value_samples: int = 4
+    """Actor chunks per state whose mean Q is the baseline V(s) of the advantage."""
     actor_lr: float = 3e-4
     critic_lr: float = 3e-4
     export_ema: bool = True
@@ -52,6 +64,13 @@ class DiffusionQLConfig:
         k = self.grad_steps_through_chain
         if k is not None and k < 1:
             raise ValueError(f"diffusion_ql.grad_steps_through_chain: got {k}; allowed 1..S or None (all S steps)")
+        if self.bc_weighting not in ("none", "advantage"):
+            raise ValueError(f"diffusion_ql.bc_weighting: got {self.bc_weighting!r}; allowed none or advantage")
+        if not (self.bc_weight_beta > 0 and self.bc_weight_max >= 1 and self.value_samples >= 1):
+            raise ValueError(
+                "diffusion_ql: need bc_weight_beta > 0, bc_weight_max >= 1, value_samples >= 1; got "
+                f"{self.bc_weight_beta}, {self.bc_weight_max}, {self.value_samples}"
+            )
         if self.n_action_samples < 1 or self.actor_lr <= 0 or self.critic_lr <= 0:
             raise ValueError(
                 f"diffusion_ql: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0; got "
@@ -131,14 +150,41 @@ class DiffusionQL(nn.Module):
         BC term), else the batch itself."""
         # Online self-imitation hands a separate batch of successful episodes ("bc"; None: none yet, Q term alone).
         bc_batch = batch.get("bc", batch)
+        logs: dict[str, Tensor] = {}
+        if bc_batch is not None and self.config.bc_weighting == "advantage":
+            if bc_batch is not batch:
+                raise ValueError("diffusion_ql.bc_weighting advantage needs the BC term on the replay batch itself")
+            bc_batch = batch | {"sample_weight": self.advantage_weights(batch)}
+            logs["bc_weight_max"] = bc_batch["sample_weight"].max()
         bc_loss = self.actor.loss(bc_batch)["loss"] if bc_batch is not None else batch["action"].new_zeros(())
-        cond, cond_mask = self.actor.condition(batch["obs"])
-        a_theta = self.actor.sample_with_grad(cond, self.grad_steps, cond_mask)  # (B, Tp, Da) normalised
-        q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); critic frozen by update()
-        # Dividing by mean|Q| (no gradient) makes eta independent of the reward scale (Wang et al., Fujimoto & Gu).
-        q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
-        actor_loss = bc_loss + self.eta() * q_loss
-        return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()}
+        eta = self.eta()
+        q_loss = bc_loss.new_zeros(())
+        if eta > 0:  # eta 0 (self-imitation, advantage-weighted BC alone) skips the sampling through the chain
+            cond, cond_mask = self.actor.condition(batch["obs"])
+            a_theta = self.actor.sample_with_grad(cond, self.grad_steps, cond_mask)  # (B, Tp, Da) normalised
+            q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); frozen by update()
+            # Dividing by mean|Q| (no gradient) makes eta independent of the reward scale (Wang et al.; Fujimoto & Gu).
+            q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
+        actor_loss = bc_loss + eta * q_loss
+        return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q_loss": q_loss.detach()} | logs
+
+    @torch.no_grad()
+    def advantage_weights(self, batch: dict) -> Tensor:
+        """(B,) weights, mean 1: exp(A / (beta * mean|A|)) capped at bc_weight_max, A = Q(s, a_data) - V(s) with
+        V(s) the mean min-ensemble Q of value_samples chunks from the EMA actor."""
+        c, n = self.config, self.config.value_samples
+        obs = batch["obs"]
+        q_data = self.critic(obs, self.critic.executed_from_data(batch["action"])).min(0).values.float()  # (B,)
+        b = q_data.shape[0]
+        rep = {
+            k: [x for x in v for _ in range(n)] if isinstance(v, list) else v.repeat_interleave(n, 0)
+            for k, v in obs.items()
+        }
+        chunks = self.policy._sample_chunk(*self.policy.condition(rep))  # (B * n, Tp, Da) normalised
+        v = self.critic(rep, self.critic.executed(chunks)).min(0).values.float().view(b, n).mean(1)  # (B,)
+        adv = q_data - v
+        w = torch.exp(adv / (c.bc_weight_beta * adv.abs().mean().clamp_min(1e-6))).clamp(max=c.bc_weight_max)
+        return w / w.mean()
 
     def update(self, batch: dict | list[dict]) -> dict[str, Any]:
         """One training step on a batch (or the engine's accumulate micro-batches): critic, actor, targets."""

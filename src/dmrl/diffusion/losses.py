@@ -72,9 +72,14 @@ class HybridWeights:
         return 1.0 - w, w
 
 
-def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None) -> Tensor:
-    """Squared error summed over real elements / (B·Tp·C): pred/target (B, Tp, C), mask (B, Tp) bool or None."""
+def masked_mse(pred: Tensor, target: Tensor, mask: Tensor | None, weight: Tensor | None = None) -> Tensor:
+    """Squared error summed over real elements / (B·Tp·C): pred/target (B, Tp, C), mask (B, Tp) bool or None;
+    weight (B,) scales each sample's terms (advantage-weighted BC), None = 1."""
     sq = (pred - target).square()
+    if weight is not None:
+        if weight.shape != sq.shape[:1]:
+            raise ValueError(f"sample weight: got shape {tuple(weight.shape)}; must be (B,) = ({sq.shape[0]},)")
+        sq = sq * weight.to(sq.dtype)[:, None, None]
     if mask is None:
         return sq.mean()
     if mask.shape != sq.shape[:2]:
@@ -95,12 +100,13 @@ def diffusion_loss(
     schedule: NoiseSchedule,
     mask: Tensor | None = None,
     hybrid_weights: tuple[float, float] | None = None,
+    sample_weight: Tensor | None = None,
 ) -> dict[str, Tensor]:
     """Denoising loss of `model_out` (B, Tp, Da), or (B, Tp, 2·Da) for "hybrid", at x_t = q_sample(x0, t, noise).
 
     x0, noise, x_t (B, Tp, Da); t (B,) long; mask (B, Tp) bool, True = real action step (None: all real).
     Targets: epsilon -> noise, sample -> x0, v -> sqrt(ᾱ_t) noise - sqrt(1 - ᾱ_t) x0, hybrid -> both heads with
-    `hybrid_weights` = (w_eps, w_x0) (None: 0.5 each).
+    `hybrid_weights` = (w_eps, w_x0) (None: 0.5 each). sample_weight (B,) weights each sample's loss (None: 1).
     Returns {"loss": scalar with grad, "x0_mse": detached MSE of the implied x0_hat, a diagnostic comparable
     across prediction types}; "hybrid" adds the unweighted head losses "loss_eps" and "loss_x0" (with grad).
     """
@@ -111,13 +117,14 @@ def diffusion_loss(
             hybrid_weights = (0.5, 0.5)
         w_eps, w_x0 = hybrid_weights
         da = x0.shape[-1]
-        out["loss_eps"] = masked_mse(model_out[..., :da], noise, mask)
-        out["loss_x0"] = masked_mse(model_out[..., da:], x0, mask)
+        out["loss_eps"] = masked_mse(model_out[..., :da], noise, mask, sample_weight)
+        out["loss_x0"] = masked_mse(model_out[..., da:], x0, mask, sample_weight)
         out["loss"] = w_eps * out["loss_eps"] + w_x0 * out["loss_x0"]
     else:
         if hybrid_weights is not None:
             raise ValueError(f"hybrid_weights: got {hybrid_weights}; only allowed with pred_type 'hybrid'")
-        out["loss"] = masked_mse(model_out, prediction_target(pred_type, x0, noise, t, schedule), mask)
+        target = prediction_target(pred_type, x0, noise, t, schedule)
+        out["loss"] = masked_mse(model_out, target, mask, sample_weight)
     with torch.no_grad():
         x0_hat, _ = split_prediction(pred_type, model_out, x_t, t, schedule)
         out["x0_mse"] = masked_mse(x0_hat, x0, mask)

@@ -140,12 +140,13 @@ class DiffusionPolicy(ChunkPolicy):
     def loss(self, batch: dict) -> dict[str, Tensor]:
         x0 = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
         cond, cond_mask = self.condition(batch["obs"])  # (B, D), None or (B, K, D), (B, K)
-        mask = batch.get("action_mask")
+        mask, weight = batch.get("action_mask"), batch.get("sample_weight")  # (B, Tp) bool, (B,): both optional
         k = self.config.noise_samples
         if k > 1:  # (B, ...) -> (B * k, ...), each observation's rows adjacent
             x0, cond = x0.repeat_interleave(k, 0), cond.repeat_interleave(k, 0)
-            cond_mask = None if cond_mask is None else cond_mask.repeat_interleave(k, 0)
-            mask = None if mask is None else mask.repeat_interleave(k, 0)
+            cond_mask, mask, weight = (
+                None if v is None else v.repeat_interleave(k, 0) for v in (cond_mask, mask, weight)
+            )
         t, noise, x_t = sample_training_inputs(self.schedule, x0)
         model_out = self.denoiser(x_t, t, cond, cond_mask).float()  # the loss in fp32 under autocast
         weights = None
@@ -161,6 +162,7 @@ class DiffusionPolicy(ChunkPolicy):
             self.schedule,
             mask=mask,
             hybrid_weights=weights,
+            sample_weight=weight,
         )
 
     def condition(self, obs: Mapping[str, Tensor | list[str]]) -> tuple[Tensor, Tensor | None]:
