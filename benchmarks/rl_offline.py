@@ -8,20 +8,24 @@ Writes benchmarks/results/rl_offline.json and .md: per algorithm the success ove
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import RESULTS, machine, write_results
 from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, run_all, template
 from dmrl.train.metrics import wilson_interval
 
-ALGOS = {  # name -> (algo, policy)
-    "bc": ("bc", "diffusion"),
-    "diffusion-ql": ("diffusion-ql", "diffusion"),
-    "td3-bc": ("td3-bc", "gaussian"),
+ALGOS = {  # name -> (algo, policy, overrides)
+    "bc": ("bc", "diffusion", {}),
+    "diffusion-ql": ("diffusion-ql", "diffusion", {}),
+    # Advantage-weighted BC on the same critic, no Q gradient (eta 0): the critic is read only at the dataset's
+    # chunks and the actor's own samples (see DiffusionQLConfig.bc_weighting).
+    "diffusion-ql-aw": ("diffusion-ql", "diffusion", {"diffusion_ql": {"eta": 0.0, "bc_weighting": "advantage"}}),
+    "td3-bc": ("td3-bc", "gaussian", {}),
 }
 
 
@@ -81,13 +85,20 @@ def main() -> None:
             seed=s,
             overwrite=True,
             **extra,
-            **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else {}),
+            **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else ALGOS[name][2]),
         )
         for s in args.seeds
         for name in args.algos
     }
     results = run_all(runs, args.parallel)
-    rows = [pooled(name, [results[(name, s)] for s in args.seeds]) for name in args.algos]
+    commit = machine()["git_commit"]
+    rows = [pooled(name, [results[(name, s)] for s in args.seeds]) | {"git_commit": commit} for name in args.algos]
+    old = RESULTS / "rl_offline.json"
+    if old.is_file():  # keep the rows of algorithms not run this time, with the commit they were measured at
+        prev = json.loads(old.read_text())
+        kept = [r for r in prev["results"] if r["algo"] not in args.algos]
+        rows = [r | {"git_commit": r.get("git_commit", prev["meta"].get("git_commit", "?"))} for r in kept] + rows
+        rows.sort(key=lambda r: list(ALGOS).index(r["algo"]) if r["algo"] in ALGOS else len(ALGOS))
     first = next(iter(runs.values()))
     meta = {
         **machine(),
@@ -99,7 +110,9 @@ def main() -> None:
         "eval_seeds": f"{first.eval_seed}..{first.eval_seed + first.eval_episodes - 1} for every run",
         "diffusion_ql_eta": eta,
         "eta_selection": "; ".join(f"eta {e}: {r:.2f}" for e, r in selection)
-        + f" (seed 0, {args.select_episodes} episodes on selection seeds 200000..)",
+        + f" (seed 0, {args.select_episodes} episodes on selection seeds 200000..)"
+        if selection
+        else "not run this time (diffusion-ql not in --algos)",
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }
     write_results("rl_offline", rows, meta, list(rows[0]))
