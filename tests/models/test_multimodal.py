@@ -445,3 +445,16 @@ def test_proprio_skip_adds_a_linear_map_of_the_frames() -> None:
     torch.testing.assert_close(out.pooled, plain.pooled + skip)
     torch.testing.assert_close(out.tokens, plain.tokens + skip[:, None])
     assert make_encoder(("rgb", "joints"), proprio_skip=False).skip is None
+
+
+def test_resnet_stage_strides_set_the_keypoint_map() -> None:
+    cfg = {"widths": (8, 8, 8, 8), "group_size": 4, "n_keypoints": 3}
+    standard = ResNet18GN(ResNetGNConfig(**cfg), out_dim=D, image_size=(64, 64))
+    fine = ResNet18GN(
+        ResNetGNConfig(**cfg, stem_pool=False, stage_strides=(1, 2, 2, 1)), out_dim=D, image_size=(64, 64)
+    )
+    assert standard.keypoints.grid.shape == (2 * 2, 2) and fine.keypoints.grid.shape == (8 * 8, 2)
+    images = torch.randint(0, 256, (2, 3, 64, 64), dtype=torch.uint8)
+    assert fine(images).shape == (2, 3, D)
+    with pytest.raises(ValueError, match="stage_strides"):
+        ResNetGNConfig(stage_strides=(1, 2, 3, 2))

@@ -287,6 +287,9 @@ class ResNetGNConfig:
     """Spatial-softmax keypoints per camera, one token each."""
     stem_pool: bool = True
     """Max-pool after the stem (standard); False doubles the final map: 4 x 4 instead of 2 x 2 at 64 x 64."""
+    stage_strides: tuple[int, int, int, int] = (1, 2, 2, 2)
+    """Stride of each stage's first block (ResNet: 1, 2, 2, 2). A 1 in the last stage doubles the keypoint map
+    (8 x 8 at 64 x 64 without the stem pool): finer keypoints for small objects in small images."""
     mean: tuple[float, float, float] = IMAGENET_MEAN
     """Per-channel mean after scaling pixels to [0, 1]."""
     std: tuple[float, float, float] = IMAGENET_STD
@@ -294,6 +297,9 @@ class ResNetGNConfig:
 
     def __post_init__(self) -> None:
         self.widths = tuple(self.widths)  # type: ignore[assignment]
+        self.stage_strides = tuple(self.stage_strides)  # type: ignore[assignment]
+        if len(self.stage_strides) != 4 or any(st not in (1, 2) for st in self.stage_strides):
+            raise ValueError(f"ResNetGNConfig.stage_strides: got {self.stage_strides}; allowed 4 values, each 1 or 2")
         if self.group_size < 1 or self.n_keypoints < 1:
             raise ValueError(
                 f"ResNetGNConfig: group_size and n_keypoints must be >= 1; got {self.group_size}, {self.n_keypoints}"
@@ -383,11 +389,11 @@ class ResNet18GN(nn.Module):
         )
         blocks, c_in = [], w[0]
         for i, c_out in enumerate(w):
-            blocks += [BasicBlockGN(c_in, c_out, 1 if i == 0 else 2, g), BasicBlockGN(c_out, c_out, 1, g)]
+            blocks += [BasicBlockGN(c_in, c_out, c.stage_strides[i], g), BasicBlockGN(c_out, c_out, 1, g)]
             c_in = c_out
         self.blocks = nn.ModuleList(blocks)
-        # Every stride-2 layer (pad 1 or 3) maps a side s to ceil(s / 2): the stem conv, the pool, stages 2-4.
-        halvings = 5 if c.stem_pool else 4
+        # Every stride-2 layer (pad 1 or 3) maps a side s to ceil(s / 2): the stem conv, the pool, strided stages.
+        halvings = 1 + int(c.stem_pool) + sum(st == 2 for st in c.stage_strides)
         feat = tuple(-(-s // 2**halvings) for s in self.image_size)
         self.keypoints = SpatialSoftmax(w[-1], c.n_keypoints, (feat[0], feat[1]))
         self.kp_weight = nn.Parameter(torch.empty(c.n_keypoints, 2, out_dim).uniform_(-(0.5**0.5), 0.5**0.5))
