@@ -66,7 +66,7 @@ class FakeText(nn.Module):
 
 def make_encoder(modalities=MODALITIES, seed: int = 0, vit: dict | None = None, **extra) -> MultimodalEncoder:
     torch.manual_seed(seed)
-    cfg = MultimodalEncoderConfig(
+    kw = dict(
         modalities=tuple(modalities),
         dim=D,
         n_obs_steps=TO,
@@ -76,8 +76,10 @@ def make_encoder(modalities=MODALITIES, seed: int = 0, vit: dict | None = None, 
         depth=TINY_DEPTH,
         perceiver=PerceiverConfig(n_latents=K, n_heads=2, n_layers=1),
         concat_hidden=32,
-        **extra,
+        proprio_skip=True,  # both off by default (older checkpoints); the tests cover them on
+        instruction_queries=True,
     )
+    cfg = MultimodalEncoderConfig(**(kw | extra))
     return MultimodalEncoder(cfg, FakeText() if "instruction" in modalities else None)
 
 
@@ -477,3 +479,23 @@ def test_instruction_queries_make_the_latents_read_depend_on_the_instruction() -
     assert not hasattr(plain, "text_query")
     assert not hasattr(make_encoder(("rgb", "instruction"), fusion="concat"), "text_query")
     assert torch.isfinite(masked.tokens).all()
+
+
+def test_instruction_film_moves_only_the_rgb_features_and_respects_masks() -> None:
+    fine = ResNetGNConfig(widths=(8, 8, 16, 16), n_keypoints=5, stem_pool=False, stage_strides=(1, 2, 2, 1))
+    enc = make_encoder(("rgb", "instruction"), rgb_encoder="resnet", resnet=fine, instruction_film=True).eval()
+    obs = make_obs()
+    with torch.no_grad():
+        identity = enc(obs)  # zero-initialised FiLM: the plain encoder
+        torch.nn.init.normal_(enc.film.weight, std=0.5)
+        torch.nn.init.normal_(enc.film.bias, std=0.5)
+        filmed = enc(obs)
+        masked = enc(obs, present={"instruction": torch.zeros(B, dtype=torch.bool)})
+        without = enc({k: v for k, v in obs.items() if k != "instruction"})
+        rgb_only = enc({"rgb": obs["rgb"]})
+    assert not torch.allclose(identity.tokens, filmed.tokens)
+    # A masked instruction is a missing one: no FiLM, no tokens, no query.
+    torch.testing.assert_close(masked.tokens, without.tokens, rtol=0, atol=1e-5)
+    torch.testing.assert_close(without.tokens, rgb_only.tokens, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="instruction_film"):
+        make_encoder(("rgb", "instruction"), instruction_film=True)  # the ViT has no FiLM

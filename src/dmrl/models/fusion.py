@@ -181,12 +181,16 @@ class MultimodalEncoderConfig:
     """Hidden width of the concat fusion's MLP."""
     modality_dropout: float = 0.0
     """Training only: per sample, each modality is masked out with this probability; one always stays."""
-    instruction_queries: bool = True
+    instruction_queries: bool = False
     """Perceiver only: the instruction's mean token, through a linear map, is added to every latent query, so one
     cross-attention can read the image conditionally (find the named cup). With fixed queries the latents can only
     summarise every cup and leave the choice to later layers, which a CPU budget does not teach (pilot: the policy
     grasped the named cup in under half of its grasps). A masked or missing instruction adds nothing."""
-    proprio_skip: bool = True
+    instruction_film: bool = False
+    """rgb_encoder resnet only: FiLM (RT-1, BC-Z) of the last ResNet feature map by the instruction's mean token,
+    features * (1 + gamma) + beta, before the spatial softmax: the keypoints themselves can move to the named cup.
+    Zero-initialised (the plain encoder at start); a masked or missing instruction leaves the features alone."""
+    proprio_skip: bool = False
     """Also add a linear map of the To frames of joints and force straight onto the fused output (every latent and
     the pooled vector), as Diffusion Policy concatenates low-dim state to its image features. Without it the arm's
     own pose reaches the denoiser only through attention over a few hundred image tokens, which it learns slowly.
@@ -263,6 +267,16 @@ class MultimodalEncoder(nn.Module):
                 self.text_query = nn.Linear(d, d)
         elif text_encoder is not None:
             raise ValueError("MultimodalEncoder: text_encoder given but 'instruction' is not in config.modalities")
+        self.film = None
+        if c.instruction_film:
+            if "instruction" not in c.modalities or "rgb" not in c.modalities or c.rgb_encoder != "resnet":
+                raise ValueError(
+                    "MultimodalEncoderConfig.instruction_film needs modalities rgb and instruction and "
+                    "rgb_encoder resnet"
+                )
+            self.film = nn.Linear(d, 2 * c.resnet.widths[-1])
+            nn.init.zeros_(self.film.weight)  # starts as the identity FiLM: the plain encoder
+            nn.init.zeros_(self.film.bias)
         self.fusion: nn.Module = (
             PerceiverFusion(c.perceiver, dim=d)
             if c.fusion == "perceiver"
@@ -278,8 +292,8 @@ class MultimodalEncoder(nn.Module):
             raise ValueError(f"MultimodalEncoder: batch sizes differ across modalities: {sizes}")
         return next(iter(sizes.values()))
 
-    def _encode(self, name: str, value: Tensor | Sequence[str]) -> tuple[Tensor, Tensor]:
-        """One modality -> (tokens (B, N, D), mask (B, N) bool)."""
+    def _encode(self, name: str, value: Tensor | Sequence[str], film: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """One modality -> (tokens (B, N, D), mask (B, N) bool); film (B, 2C) modulates the rgb encoder's features."""
         if name == "instruction":
             assert self.text_encoder is not None
             if isinstance(value, str) or not all(isinstance(s, str) for s in value):
@@ -292,7 +306,7 @@ class MultimodalEncoder(nn.Module):
                 raise ValueError(
                     f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, To, C, H, W)"
                 )
-            tokens = self.frames[name](value)
+            tokens = self.frames[name](value, film) if name == "rgb" and film is not None else self.frames[name](value)
         else:
             assert self.proprio is not None
             tokens = self.proprio(name, value)
@@ -307,16 +321,31 @@ class MultimodalEncoder(nn.Module):
         keep = flags.to(device=value.device, dtype=torch.bool).view(-1, *([1] * (value.ndim - 1)))
         return torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
 
+    @staticmethod
+    def _mean_valid(tokens: Tensor, mask: Tensor) -> Tensor:
+        """(B, N, D), (B, N) bool -> (B, D) mean over the valid tokens (0 where none is)."""
+        m = mask[..., None]
+        zero = torch.zeros((), dtype=tokens.dtype, device=tokens.device)
+        return torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype)
+
+    def _instruction_film(self, encoded: Mapping[str, tuple[Tensor, Tensor]], keep: Tensor) -> Tensor | None:
+        """(B, 2C) FiLM (gamma, beta) of the rgb encoder's last feature map from the instruction's mean token; zero
+        (identity FiLM) where the instruction is masked, dropped or missing; None when instruction_film is off."""
+        if self.film is None or "instruction" not in encoded:
+            return None
+        tokens, mask = encoded["instruction"]
+        i = self.config.modalities.index("instruction")
+        ok = keep[:, i, None].to(mask.device) & mask.any(1, keepdim=True)
+        f = self.film(self._mean_valid(tokens, mask))
+        return torch.where(ok, f, torch.zeros((), dtype=f.dtype, device=f.device))
+
     def _instruction_query(self, parts: list[tuple[Tensor, Tensor]], keep: Tensor) -> Tensor | None:
         """(B, D) query offset: Linear(mean of the instruction's valid tokens), zero where it is masked or missing."""
         if not hasattr(self, "text_query"):
             return None
         i = self.config.modalities.index("instruction")
         tokens, mask = parts[i]  # mask already includes `keep` (caller masks, dropout, a missing key)
-        zero = torch.zeros((), dtype=tokens.dtype, device=tokens.device)
-        m = mask[..., None]
-        mean = torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype)
-        q = self.text_query(mean)
+        q = self.text_query(self._mean_valid(tokens, mask))
         return torch.where(
             keep[:, i, None] & mask.any(1, keepdim=True), q, torch.zeros((), dtype=q.dtype, device=q.device)
         )
@@ -348,23 +377,36 @@ class MultimodalEncoder(nn.Module):
                     f"MultimodalEncoder: present[{name!r}] has shape {tuple(flags.shape)}; expected ({b},)"
                 )
         blanked = {k: self._blank(obs[k], present.get(k)) for k in c.modalities if k in obs}
-        encoded = {k: self._encode(k, v) for k, v in blanked.items()}
-        ref = next(iter(encoded.values()))[0]
-        parts, avail = [], []
-        for name in c.modalities:
-            if name in encoded:
-                tokens, mask = encoded[name]
-                ok = present[name].to(device=ref.device, dtype=torch.bool) if name in present else mask.new_ones(b)
-            else:
-                tokens = ref.new_zeros(b, self.n_tokens[name], c.dim)
-                mask = torch.zeros(b, self.n_tokens[name], dtype=torch.bool, device=ref.device)
-                ok = mask.new_zeros(b)
-            parts.append((tokens.to(ref.dtype), mask))
-            avail.append(ok)
+        device = next(self.parameters()).device
+        # Which modality reaches the fusion for which sample: in obs, not masked by the caller, not dropped.
+        avail = [
+            (
+                present[n].to(dtype=torch.bool, device=device)
+                if n in present
+                else torch.ones(b, dtype=torch.bool, device=device)
+            )
+            if n in blanked
+            else torch.zeros(b, dtype=torch.bool, device=device)
+            for n in c.modalities
+        ]
         keep = torch.stack(avail, dim=1)  # (B, n_modalities)
         if self.training and c.modality_dropout > 0:
             keep = drop_modalities(keep, c.modality_dropout)
-        parts = [(t, m & keep[:, i, None]) for i, (t, m) in enumerate(parts)]
+        encoded: dict[str, tuple[Tensor, Tensor]] = {}
+        if "instruction" in blanked:  # first: its FiLM of the image features (instruction_film) needs it
+            encoded["instruction"] = self._encode("instruction", blanked["instruction"])
+        film = self._instruction_film(encoded, keep)
+        encoded |= {k: self._encode(k, v, film) for k, v in blanked.items() if k != "instruction"}
+        ref = next(iter(encoded.values()))[0]
+        parts = []
+        for name in c.modalities:
+            if name in encoded:
+                tokens, mask = encoded[name]
+            else:
+                tokens = ref.new_zeros(b, self.n_tokens[name], c.dim)
+                mask = torch.zeros(b, self.n_tokens[name], dtype=torch.bool, device=ref.device)
+            parts.append((tokens.to(ref.dtype), mask))
+        parts = [(t, m & keep[:, i, None].to(m.device)) for i, (t, m) in enumerate(parts)]
         if isinstance(self.fusion, PerceiverFusion):
             query = self._instruction_query(parts, keep)
             tokens, pooled = self.fusion(

@@ -13,10 +13,14 @@ import torch
 from torch import Tensor, nn
 
 
-def encode_frames(encoder: nn.Module, frames: Tensor) -> Tensor:
-    """Run a per-frame encoder on every frame: (B, To, *frame) -> (B, To, N, D), with To folded into the batch."""
+def encode_frames(encoder: nn.Module, frames: Tensor, film: Tensor | None = None) -> Tensor:
+    """Run a per-frame encoder on every frame: (B, To, *frame) -> (B, To, N, D), with To folded into the batch;
+    film (B, F), if given, is passed to the encoder with each sample's row repeated for its To frames."""
     b, t = frames.shape[:2]
-    out = encoder(frames.flatten(0, 1))  # (B * To, N, D)
+    if film is None:
+        out = encoder(frames.flatten(0, 1))  # (B * To, N, D)
+    else:
+        out = encoder(frames.flatten(0, 1), film=film.repeat_interleave(t, 0))
     return out.view(b, t, *out.shape[1:])
 
 
@@ -55,8 +59,8 @@ class FrameTokenizer(nn.Module):
         self.n_tokens = n_obs_steps * int(encoder.n_tokens)
         self.out_dim = int(encoder.out_dim)
 
-    def forward(self, frames: Tensor) -> Tensor:
-        return self.embed(encode_frames(self.encoder, frames))
+    def forward(self, frames: Tensor, film: Tensor | None = None) -> Tensor:
+        return self.embed(encode_frames(self.encoder, frames, film))
 
 
 class ProprioTokenizer(nn.Module):

@@ -406,12 +406,16 @@ class ResNet18GN(nn.Module):
         self.register_buffer("std", torch.tensor(c.std).view(1, 3, 1, 1), persistent=False)
         self.grad_checkpointing = False  # set by the training engine
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor, film: Tensor | None = None) -> Tensor:
+        """film (B, 2C) or None: (gamma, beta) applied to the last feature map as h * (1 + gamma) + beta."""
         b = images.shape[0]
         x = unit_rgb(images, self.n_cameras, self.image_size, "ResNet18GN", self.mean.dtype)
         h = self.stem((x - self.mean) / self.std)
         for block in self.blocks:
             h = run_block(block, h, checkpoint=self.grad_checkpointing)
+        if film is not None:  # cameras are folded into the batch: each sample's row serves all its cameras
+            gamma, beta = film.repeat_interleave(self.n_cameras, 0).to(h.dtype)[:, :, None, None].chunk(2, dim=1)
+            h = h * (1 + gamma) + beta
         xy = self.keypoints(h).to(self.kp_weight.dtype)  # (B * n_cams, K, 2)
         tokens = (xy[:, :, None, :] @ self.kp_weight).squeeze(2) + self.kp_bias  # (B * n_cams, K, D)
         return (tokens.view(b, self.n_cameras, -1, self.out_dim) + self.camera_embed).flatten(1, 2)
