@@ -1,4 +1,5 @@
-"""Offline RL on the `mixed` dataset: BC (diffusion) vs Diffusion-QL vs TD3+BC (MLP actor), several seeds.
+"""Offline RL on the `mixed` dataset: BC (diffusion) vs Diffusion-QL vs its advantage-weighted variant
+(diffusion-ql-aw: eta 0, BC weighted by the critic's advantage) vs TD3+BC (MLP actor), several seeds.
 
 Run: ``python benchmarks/rl_offline.py [--seeds 0 1 2] [--steps N]`` (collects outputs/rl/mixed.zarr first if absent).
 Writes benchmarks/results/rl_offline.json and .md: per algorithm the success over all seeds' episodes pooled
