@@ -22,7 +22,16 @@ from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 
 ETA_SCHEDULES = ("constant", "linear")
-ACTOR_OBJECTIVES = ("q_gradient", "advantage_weighted")
+BC_WEIGHTINGS = ("none", "advantage")
+
+
+def repeat_obs(obs: dict, n: int) -> dict:
+    """Raw obs {key: (B, ...) tensor or list of B strings} -> each sample repeated n times, consecutively: copy j of
+    sample i is row i * n + j (what best-of-N and the advantage baseline sample their N chunks from)."""
+    return {
+        k: [x for x in v for _ in range(n)] if isinstance(v, list) else v.repeat_interleave(n, 0)
+        for k, v in obs.items()
+    }
 
 
 @dataclass
@@ -64,8 +73,10 @@ class DiffusionQLConfig:
         k = self.grad_steps_through_chain
         if k is not None and k < 1:
             raise ValueError(f"diffusion_ql.grad_steps_through_chain: got {k}; allowed 1..S or None (all S steps)")
-        if self.bc_weighting not in ("none", "advantage"):
-            raise ValueError(f"diffusion_ql.bc_weighting: got {self.bc_weighting!r}; allowed none or advantage")
+        if self.bc_weighting not in BC_WEIGHTINGS:
+            raise ValueError(
+                f"diffusion_ql.bc_weighting: got {self.bc_weighting!r}; allowed: {', '.join(BC_WEIGHTINGS)}"
+            )
         if not (self.bc_weight_beta > 0 and self.bc_weight_max >= 1 and self.value_samples >= 1):
             raise ValueError(
                 "diffusion_ql: need bc_weight_beta > 0, bc_weight_max >= 1, value_samples >= 1; got "
@@ -176,10 +187,7 @@ class DiffusionQL(nn.Module):
         obs = batch["obs"]
         q_data = self.critic(obs, self.critic.executed_from_data(batch["action"])).min(0).values.float()  # (B,)
         b = q_data.shape[0]
-        rep = {
-            k: [x for x in v for _ in range(n)] if isinstance(v, list) else v.repeat_interleave(n, 0)
-            for k, v in obs.items()
-        }
+        rep = repeat_obs(obs, n)
         chunks = self.policy._sample_chunk(*self.policy.condition(rep))  # (B * n, Tp, Da) normalised
         v = self.critic(rep, self.critic.executed(chunks)).min(0).values.float().view(b, n).mean(1)  # (B,)
         adv = q_data - v
@@ -234,11 +242,7 @@ class CriticRankedPolicy(ChunkPolicy):
         n = self.n_samples
         first = next(iter(obs.values()))
         b = len(first) if isinstance(first, list) else first.shape[0]
-        # Each env's observation repeated N times, consecutively: sample j of env i is row i * N + j.
-        rep = {
-            k: [s for s in v for _ in range(n)] if isinstance(v, list) else v.repeat_interleave(n, 0)
-            for k, v in obs.items()
-        }
+        rep = repeat_obs(obs, n)  # sample j of env i is row i * N + j
         chunks = self.actor._sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
         q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
