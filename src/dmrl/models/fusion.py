@@ -306,7 +306,7 @@ class MultimodalEncoder(nn.Module):
                 raise ValueError(
                     f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, To, C, H, W)"
                 )
-            tokens = self.frames[name](value, film) if name == "rgb" and film is not None else self.frames[name](value)
+            tokens = self.frames[name](value, film)
         else:
             assert self.proprio is not None
             tokens = self.proprio(name, value)
@@ -322,33 +322,15 @@ class MultimodalEncoder(nn.Module):
         return torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
 
     @staticmethod
-    def _mean_valid(tokens: Tensor, mask: Tensor) -> Tensor:
-        """(B, N, D), (B, N) bool -> (B, D) mean over the valid tokens (0 where none is)."""
+    def _from_instruction(linear: nn.Module, tokens: Tensor, mask: Tensor) -> Tensor:
+        """linear(mean of the valid instruction tokens) (B, out), exactly zero for a sample with none valid.
+
+        tokens (B, L, D), mask (B, L) bool with every exclusion already in it (caller masks, modality dropout,
+        a missing key), so a masked instruction contributes nothing through this path either."""
         m = mask[..., None]
         zero = torch.zeros((), dtype=tokens.dtype, device=tokens.device)
-        return torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype)
-
-    def _instruction_film(self, encoded: Mapping[str, tuple[Tensor, Tensor]], keep: Tensor) -> Tensor | None:
-        """(B, 2C) FiLM (gamma, beta) of the rgb encoder's last feature map from the instruction's mean token; zero
-        (identity FiLM) where the instruction is masked, dropped or missing; None when instruction_film is off."""
-        if self.film is None or "instruction" not in encoded:
-            return None
-        tokens, mask = encoded["instruction"]
-        i = self.config.modalities.index("instruction")
-        ok = keep[:, i, None].to(mask.device) & mask.any(1, keepdim=True)
-        f = self.film(self._mean_valid(tokens, mask))
-        return torch.where(ok, f, torch.zeros((), dtype=f.dtype, device=f.device))
-
-    def _instruction_query(self, parts: list[tuple[Tensor, Tensor]], keep: Tensor) -> Tensor | None:
-        """(B, D) query offset: Linear(mean of the instruction's valid tokens), zero where it is masked or missing."""
-        if not hasattr(self, "text_query"):
-            return None
-        i = self.config.modalities.index("instruction")
-        tokens, mask = parts[i]  # mask already includes `keep` (caller masks, dropout, a missing key)
-        q = self.text_query(self._mean_valid(tokens, mask))
-        return torch.where(
-            keep[:, i, None] & mask.any(1, keepdim=True), q, torch.zeros((), dtype=q.dtype, device=q.device)
-        )
+        out = linear(torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype))
+        return torch.where(mask.any(1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
     def _proprio_skip(self, blanked: Mapping[str, Tensor | Sequence[str]], keep: Tensor, ref: Tensor) -> Tensor:
         """(B, D): the sum over joints / force of Linear(their To frames flattened), zero where the modality is
@@ -393,10 +375,15 @@ class MultimodalEncoder(nn.Module):
         if self.training and c.modality_dropout > 0:
             keep = drop_modalities(keep, c.modality_dropout)
         encoded: dict[str, tuple[Tensor, Tensor]] = {}
+        film = None  # (B, 2C) FiLM of the rgb features; zero (identity) where the instruction is masked or dropped
         if "instruction" in blanked:  # first: its FiLM of the image features (instruction_film) needs it
-            encoded["instruction"] = self._encode("instruction", blanked["instruction"])
-        film = self._instruction_film(encoded, keep)
-        encoded |= {k: self._encode(k, v, film) for k, v in blanked.items() if k != "instruction"}
+            encoded["instruction"] = tokens, mask = self._encode("instruction", blanked["instruction"])
+            if self.film is not None:
+                i = c.modalities.index("instruction")
+                film = self._from_instruction(self.film, tokens, mask & keep[:, i, None].to(mask.device))
+        encoded |= {
+            k: self._encode(k, v, film if k == "rgb" else None) for k, v in blanked.items() if k != "instruction"
+        }
         ref = next(iter(encoded.values()))[0]
         parts = []
         for name in c.modalities:
@@ -408,7 +395,12 @@ class MultimodalEncoder(nn.Module):
             parts.append((tokens.to(ref.dtype), mask))
         parts = [(t, m & keep[:, i, None].to(m.device)) for i, (t, m) in enumerate(parts)]
         if isinstance(self.fusion, PerceiverFusion):
-            query = self._instruction_query(parts, keep)
+            # The instruction's mask in parts already includes keep.
+            query = (
+                self._from_instruction(self.text_query, *parts[c.modalities.index("instruction")])
+                if hasattr(self, "text_query")
+                else None
+            )
             tokens, pooled = self.fusion(
                 torch.cat([t for t, _ in parts], 1), torch.cat([m for _, m in parts], 1), query
             )
