@@ -25,8 +25,8 @@ import sys
 from pathlib import Path
 
 from _common import RESULTS, machine, write_results
-from _rl import finished
-from dmrl.config import TrainConfig, load_yaml, merge
+from _rl import finished, template
+from dmrl.config import TrainConfig, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rgb", "depth", "joints", "force", "instruction")
@@ -68,13 +68,6 @@ COLUMNS = [
 ]
 
 
-def deep_merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
     from dmrl.envs.collect import CollectConfig, collect
 
@@ -83,13 +76,14 @@ def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
-    preset = load_yaml(args.config)
-    extra = {"steps": args.steps} if args.steps else {}
-    overrides = deep_merge(deep_merge(preset, ARMS[arm]), extra | (SMOKE if args.smoke else {}))
-    if args.smoke and overrides.get("policy", "diffusion") == "diffusion":
-        overrides = deep_merge(overrides, {"diffusion": {"denoiser_kwargs": {"hidden_dim": 32, "n_blocks": 1}}})
-    out = args.out / (f"smoke_{arm}" if args.smoke else arm)
-    return merge(TrainConfig(), overrides | {"dataset": args.dataset, "out": out})
+    cfg = template(args.config, **ARMS[arm])  # the preset with the arm's change, nested keys merged one by one
+    if args.steps:
+        cfg = merge(cfg, {"steps": args.steps})
+    if args.smoke:
+        cfg = merge(cfg, SMOKE)
+        if cfg.policy == "diffusion":
+            cfg = merge(cfg, {"diffusion": {"denoiser_kwargs": {"hidden_dim": 32, "n_blocks": 1}}})
+    return merge(cfg, {"dataset": args.dataset, "out": args.out / (f"smoke_{arm}" if args.smoke else arm)})
 
 
 def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict) -> list[dict]:
