@@ -241,6 +241,8 @@ class TrainConfig:
                 f"--algo {self.algo} trains a {ALGOS[self.algo][2]} actor; got --policy {self.policy} "
                 f"(pass --policy {ALGOS[self.algo][2]})"
             )
+        if self.algo != "bc" and self.chunk.aux_state:
+            raise ValueError(f"--chunk.aux-state: an auxiliary state loss is for --algo bc (got --algo {self.algo})")
         if self.init is not None and self.algo == "bc":
             raise ValueError(
                 "--init starts an offline-RL actor from a checkpoint: use it with --algo diffusion-ql or td3-bc"

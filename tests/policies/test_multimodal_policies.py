@@ -6,6 +6,7 @@ frozen (trainable_layers=0), and shared by the policies that read an instruction
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 
@@ -274,3 +275,78 @@ def test_obs_dims_must_give_frame_shapes():
         build_policy("gaussian", tiny_chunk(("rgb", "depth")), cfg, {"rgb": (3, HW, HW)}, DA)
     with pytest.raises(ValueError, match="disagree on cameras"):
         build_policy("gaussian", tiny_chunk(("rgb", "depth")), cfg, {"rgb": (3, HW, HW), "depth": (2, HW, HW)}, DA)
+
+
+def aux_policy(name: str, text, weight: float = 1.0, keys=ALL):
+    """A policy with a 3-entry auxiliary head over a 5-entry privileged state, and a batch carrying that state."""
+    norm = Normalizer()
+    norm.set("joints", np.full(6, 0.5), np.zeros(6), "limits")
+    norm.set("force", np.full(4, 0.1), np.full(4, 0.2), "limits")
+    norm.set("state", np.arange(1.0, 6.0), np.full(5, -0.5), "limits")
+    norm.set("actions", np.full(DA, 2.0), np.full(DA, 0.1), "limits")
+    torch.manual_seed(0)
+    chunk = dataclasses.replace(tiny_chunk(keys), aux_state=(4, 0, 2), aux_weight=weight)
+    te = text if "instruction" in keys else None
+    policy = build_policy(name, chunk, tiny_config(name, "mlp"), DIMS, DA, norm, text_encoder=te)
+    b = batch(keys=keys)
+    b["obs"]["state"] = torch.randn(B, TO, 5)
+    return policy, b
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_aux_state_loss_is_the_heads_mse_on_normalised_state_and_trains_the_encoder(name, text):
+    policy, b = aux_policy(name, text, weight=0.5)
+    out = policy.loss(b)
+    pooled = policy.encode(b["obs"])
+    target = b["obs"]["state"][:, -1, [4, 0, 2]] * torch.tensor([5.0, 1.0, 3.0]) - 0.5
+    expected = ((policy.aux_head(pooled) - target) ** 2).mean()
+    torch.testing.assert_close(out["aux"], expected.detach())
+    policy.zero_grad()
+    (0.5 * policy.aux_loss(b, policy.encode(b["obs"]))).backward()
+    assert policy.aux_head.weight.grad.abs().sum() > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in policy.encoder.parameters())
+    del b["obs"]["state"]
+    with pytest.raises(KeyError, match="no obs 'state'"):
+        policy.loss(b)
+
+
+def test_aux_state_policy_acts_without_state_and_round_trips(tmp_path, text):
+    policy, _ = aux_policy("diffusion", None, keys=IMAGES)
+    policy.eval()
+    save_policy(tmp_path / "ckpt", policy, {"env_id": "x"})
+    loaded, _ = load_policy(tmp_path / "ckpt")
+    assert loaded.chunk.aux_state == (4, 0, 2)
+    assert torch.equal(loaded.aux_scale, torch.tensor([5.0, 1.0, 3.0]))
+    actions = []
+    for p in (policy, loaded):
+        p.reset()
+        torch.manual_seed(3)
+        step = {k: v for k, v in env_step(2).items() if k in IMAGES}  # no state key: the policy never reads it
+        actions.append(p.act(step))
+    assert np.array_equal(actions[0], actions[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"obs_keys": ("state",), "aux_state": (1,)}, "already reads state"),
+        ({"aux_state": (1, 1)}, "distinct indices"),
+        ({"aux_state": (-1,)}, "distinct indices"),
+        ({"aux_state": (1,), "aux_weight": -1.0}, "aux_weight"),
+    ],
+)
+def test_bad_aux_state_settings_are_one_line_errors(kwargs, match):
+    kwargs = {"obs_keys": ("joints",), **kwargs}
+    with pytest.raises(ValueError, match=match) as err:
+        ChunkConfig(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_aux_state_index_past_the_state_is_an_error(text):
+    norm = Normalizer()
+    norm.set("state", np.ones(5), np.zeros(5), "limits")
+    norm.set("actions", np.ones(DA), np.zeros(DA), "limits")
+    chunk = ChunkConfig(obs_keys=("joints",), aux_state=(5,))
+    norm.set("joints", np.ones(6), np.zeros(6), "limits")
+    with pytest.raises(ValueError, match="index 5 out of range; the state has 5 entries"):
+        build_policy("gaussian", chunk, tiny_config("gaussian"), {"joints": 6}, DA, norm)

@@ -44,9 +44,9 @@ def run(tmp_path_factory) -> Iterator:
     root = tmp_path_factory.mktemp("mm")
     data, out = root / "d.zarr", root / "run"
     collect = ["collect", "--out", str(data), "--episodes", "3", "--workers", "0", "--image-size", "16"]
-    assert main([*collect, "--obs-modes", *MODES]) == 0
+    assert main([*collect, "--obs-modes", *MODES, "state"]) == 0  # state: the auxiliary targets only
     train = ["train", "--dataset", str(data), "--out", str(out), "--steps", "4", "--batch-size", "8"]
-    assert main([*train, "--val-every", "2", *TINY]) == 0
+    assert main([*train, "--val-every", "2", "--chunk.aux-state", "7", "8", "9", *TINY]) == 0
     yield out
     torch.set_num_threads(before)
 
@@ -59,6 +59,7 @@ def test_train_saves_a_self_contained_multimodal_checkpoint(run):
     assert cfg["meta"]["env_kwargs"] == {"image_size": 16, "cameras": ["front"], "n_objects": 3}
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 4 and "val_loss" in lines[-1]
+    assert cfg["chunk"]["aux_state"] == [7, 8, 9] and all(x["aux"] > 0 for x in lines if "loss" in x)
 
 
 def test_eval_with_all_modalities_and_with_depth_dropped(run, capsys):

@@ -55,10 +55,23 @@ class ChunkConfig:
     replaced by obs_keys, To and the dataset's shapes when the policy is built (a checkpoint keeps the result)."""
     language: LanguageConfig = field(default_factory=LanguageConfig)
     """Instruction encoder (MiniLM), used when instruction is among obs_keys."""
+    aux_state: tuple[int, ...] = ()
+    """Training only: indices of the dataset's privileged ``state`` vector that a linear head predicts from the
+    pooled condition at the current frame (an auxiliary loss that tells the encoder what to find, e.g. the named
+    cup's position, 7 8 9 in MultiPath). The policy never reads state: evaluation and export ignore the head."""
+    aux_weight: float = 1.0
+    """Weight of the auxiliary loss (MSE on the normalised state entries) added to the policy's loss."""
 
     def __post_init__(self) -> None:
         self.obs_keys = tuple(self.obs_keys)
+        self.aux_state = tuple(int(i) for i in self.aux_state)
         check_obs_keys(self.obs_keys, self.encoder_type)
+        if "state" in self.obs_keys and self.aux_state:
+            raise ValueError("chunk.aux_state: the policy already reads state; an auxiliary state loss needs it absent")
+        if any(i < 0 for i in self.aux_state) or len(set(self.aux_state)) != len(self.aux_state):
+            raise ValueError(f"chunk.aux_state: got {list(self.aux_state)}; allowed distinct indices >= 0")
+        if not self.aux_weight >= 0.0:
+            raise ValueError(f"chunk.aux_weight: got {self.aux_weight}; allowed >= 0")
         if not (
             1 <= self.n_obs_steps <= self.horizon and 1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1
         ):
@@ -126,7 +139,41 @@ class ChunkPolicy(nn.Module):
         self.encoder: LowDimEncoder | MultimodalEncoder
         self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
         self.chunk = chunk
+        self.aux_head = self._build_aux_head(normalizer) if chunk.aux_state else None
         self.reset()
+
+    def _build_aux_head(self, norm: Normalizer | None) -> nn.Linear:
+        """Linear pooled (B, D) -> normalised state[aux_state] (B, n); its statistics are buffers like the rest."""
+        idx = list(self.chunk.aux_state)
+        if norm is not None:
+            if "state" not in norm:
+                raise KeyError("chunk.aux_state: the normalizer has no 'state' statistics; fit it with state")
+            scale, offset = (np.asarray(v, np.float32).reshape(-1) for v in (norm.scale["state"], norm.offset["state"]))
+            if max(idx) >= len(scale):
+                raise ValueError(f"chunk.aux_state: index {max(idx)} out of range; the state has {len(scale)} entries")
+            scale, offset = scale[idx], offset[idx]
+        else:  # loaded from a checkpoint: the buffers come with the weights
+            scale, offset = np.ones(len(idx), np.float32), np.zeros(len(idx), np.float32)
+        self.register_buffer("aux_scale", torch.as_tensor(scale))
+        self.register_buffer("aux_offset", torch.as_tensor(offset))
+        return nn.Linear(self.encoder.out_dim, len(idx))
+
+    def aux_loss(self, batch: dict, pooled: Tensor) -> Tensor | None:
+        """MSE of the auxiliary head on batch["obs"]["state"] (B, To, S) at the current frame; None without one."""
+        if self.aux_head is None:
+            return None
+        state = batch["obs"].get("state")
+        if state is None:
+            raise KeyError("chunk.aux_state: the training batch has no obs 'state'; use a store collected with state")
+        target = state[:, -1, list(self.chunk.aux_state)].float() * self.aux_scale + self.aux_offset
+        return ((self.aux_head(pooled).float() - target) ** 2).mean()
+
+    def _add_aux(self, out: dict[str, Tensor], batch: dict, pooled: Tensor) -> dict[str, Tensor]:
+        """``out`` with the weighted auxiliary loss added to "loss" (and logged as "aux") when configured."""
+        aux = self.aux_loss(batch, pooled)
+        if aux is None:
+            return out
+        return out | {"loss": out["loss"] + self.chunk.aux_weight * aux, "aux": aux.detach()}
 
     def set_planner(self, planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None) -> None:
         """Plan chunks in ``act`` with ``planner(obs {key: (B, To, ...)}) -> raw chunk (B, Tp, Da)`` instead of

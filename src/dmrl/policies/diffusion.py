@@ -24,6 +24,7 @@ from dmrl.diffusion import (
     sample_training_inputs,
 )
 from dmrl.models import DENOISERS, build_denoiser
+from dmrl.models.fusion import EncoderOutput
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.observations import ObsDim
 
@@ -139,7 +140,8 @@ class DiffusionPolicy(ChunkPolicy):
 
     def loss(self, batch: dict) -> dict[str, Tensor]:
         x0 = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
-        cond, cond_mask = self.condition(batch["obs"])  # (B, D), None or (B, K, D), (B, K)
+        enc = self.encode_tokens(batch["obs"])
+        cond, cond_mask = self._condition_from(enc)  # (B, D), None or (B, K, D), (B, K)
         mask, weight = batch.get("action_mask"), batch.get("sample_weight")  # (B, Tp) bool, (B,): both optional
         k = self.config.noise_samples
         if k > 1:  # (B, ...) -> (B * k, ...), each observation's rows adjacent
@@ -152,7 +154,7 @@ class DiffusionPolicy(ChunkPolicy):
         weights = None
         if self.config.prediction_type == "hybrid":
             weights = self.config.hybrid.weights(float(batch.get("progress", 0.0)))
-        return diffusion_loss(
+        out = diffusion_loss(
             self.config.prediction_type,
             model_out,
             x0,
@@ -164,15 +166,18 @@ class DiffusionPolicy(ChunkPolicy):
             hybrid_weights=weights,
             sample_weight=weight,
         )
+        return self._add_aux(out, batch, enc.pooled)
 
     def condition(self, obs: Mapping[str, Tensor | list[str]]) -> tuple[Tensor, Tensor | None]:
         """The transformer denoiser cross-attends to the multimodal tokens (B, K, D) + mask (B, K); the MLP and
         U-Net take the pooled (B, D) vector (they would mean-pool the tokens anyway), as does every denoiser under
         the lowdim encoder (its one vector)."""
+        return self._condition_from(self.encode_tokens(obs))
+
+    def _condition_from(self, enc: EncoderOutput) -> tuple[Tensor, Tensor | None]:
         if self.config.denoiser == "transformer" and self.chunk.encoder_type == "multimodal":
-            enc = self.encode_tokens(obs)
             return enc.tokens, enc.mask
-        return self.encode(obs), None
+        return enc.pooled, None
 
     def _denoise_fn(self, cond: Tensor, cond_mask: Tensor | None = None) -> Callable[[Tensor, Tensor], Tensor]:
         """denoise_fn(x_t (B, Tp, Da), t (B,)) -> what the sampler reads, with the configured sampling head."""

@@ -54,11 +54,12 @@ class GaussianPolicy(ChunkPolicy):
 
     def loss(self, batch: dict) -> dict[str, Tensor]:
         target = self.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
-        mean, log_std = (v.float() for v in self._dist(self.encode(batch["obs"])))  # fp32 loss under autocast
+        cond = self.encode(batch["obs"])
+        mean, log_std = (v.float() for v in self._dist(cond))  # fp32 loss under autocast
         nll = 0.5 * ((target - mean) * torch.exp(-log_std)) ** 2 + log_std  # (B, Tp, Da), constant dropped
         loss = masked_mean(nll.mean(-1), batch.get("action_mask"))
         mse = masked_mean(((target - mean) ** 2).mean(-1), batch.get("action_mask"))
-        return {"loss": loss, "mse": mse.detach()}
+        return self._add_aux({"loss": loss, "mse": mse.detach()}, batch, cond)
 
     def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         return self._dist(cond)[0]

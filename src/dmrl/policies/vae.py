@@ -63,7 +63,8 @@ class VAEPolicy(ChunkPolicy):
         recon = self.decoder(torch.cat([cond, z], dim=-1)).reshape(target.shape).float()
         rec = masked_mean(((recon - target) ** 2).mean(-1), batch.get("action_mask"))
         kl = 0.5 * (mu**2 + logvar.exp() - 1.0 - logvar).sum(-1).mean()
-        return {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}
+        out = {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}
+        return self._add_aux(out, batch, cond)
 
     def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
         z = torch.zeros(cond.shape[0], self.config.latent_dim, device=cond.device)

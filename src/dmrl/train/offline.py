@@ -132,7 +132,10 @@ def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy
                 f"collect with --obs-modes including {k}"
             )
     obs_dims = obs_dims_from_spec(store.obs_spec, keys)
-    norm = fit_normalizer(store, [*(k for k in keys if k in VECTOR_KEYS), "actions"], mode="limits")
+    aux = ["state"] if cfg.chunk.aux_state else []  # the auxiliary head's targets (never an input)
+    if aux:
+        store.array("state")  # a one-line StoreError if the store was collected without state
+    norm = fit_normalizer(store, [*(k for k in keys if k in VECTOR_KEYS), *aux, "actions"], mode="limits")
     policy = build_policy(cfg.policy, cfg.chunk, cfg.policy_config, obs_dims, store.action_dim, norm)
     return policy, obs_dims
 
@@ -192,7 +195,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
     ema.model.to(engine.device)
     c = cfg.chunk
     ds_kw = dict(
-        obs_keys=c.obs_keys,
+        obs_keys=(*c.obs_keys, "state") if c.aux_state else c.obs_keys,  # state: aux targets, not a policy input
         horizon_obs=c.n_obs_steps,
         horizon_pred=c.horizon,
         horizon_exec=c.n_action_steps,
