@@ -9,8 +9,13 @@ change, then is evaluated on seeds 100000.. with train and with held-out instruc
     concat         fusion: pooled features concatenated + MLP (the seed's weakest fusion)
     lm_last_layer  MiniLM's last transformer layer fine-tuned instead of frozen
     gaussian, vae  the MLP and VAE policies on the same encoder, data and steps (the seed's table, multimodal)
+    no_aux         without the preset's auxiliary head (chunk.aux_state: predicting the named cup's position from
+                   the pooled condition at training time; the policy never reads the state)
 
-``main`` is also evaluated with each modality withheld at test time (train paraphrases, --drop-episodes each).
+``main`` is also evaluated with each modality withheld at test time (train paraphrases, --drop-episodes each), and
+its auxiliary head is probed on --binding-scenes fresh scenes per paraphrase set (benchmarks/mm_binding.py: is the
+cup nearest the predicted position the named one?). The dataset stores the privileged state as well, only as the
+auxiliary head's training target.
 A finished run with the same settings is reused, and the results of arms not run this time are kept, so arms can
 be added one invocation at a time. Writes benchmarks/results/multimodal.json and .md; entries ``train_paraphrases``
 and ``heldout_paraphrases`` are the main arm's. ``--smoke`` runs tiny networks for a few steps and writes nothing
@@ -27,6 +32,7 @@ from pathlib import Path
 from _common import RESULTS, machine, write_results
 from _rl import finished, template
 from dmrl.config import TrainConfig, merge
+from mm_binding import TARGET_XYZ, binding
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("rgb", "depth", "joints", "force", "instruction")
@@ -36,6 +42,7 @@ ARMS: dict[str, dict] = {
     "lm_last_layer": {"chunk": {"language": {"trainable_layers": 1}}},
     "gaussian": {"policy": "gaussian"},
     "vae": {"policy": "vae"},
+    "no_aux": {"chunk": {"aux_state": []}},
 }
 # --smoke: one block per network, D = 32, frozen MiniLM, a few steps of 8.
 SMOKE = {
@@ -63,6 +70,8 @@ COLUMNS = [
     "collision_rate",
     "route_left",
     "route_right",
+    "bound",
+    "xy_error_cm",
     "train_minutes",
     "samples_per_s",
 ]
@@ -72,7 +81,8 @@ def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
     from dmrl.envs.collect import CollectConfig, collect
 
     if not path.exists():
-        collect(CollectConfig(out=path, episodes=episodes, obs_modes=MODES, image_size=image_size, workers=2))
+        modes = (*MODES, "state")  # state: the auxiliary head's training target, never a policy input
+        collect(CollectConfig(out=path, episodes=episodes, obs_modes=modes, image_size=image_size, workers=2))
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
@@ -125,6 +135,24 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
             }
         )
         print(json.dumps(rows[-1]), flush=True)
+    if arm == "main" and list(cfg.chunk.aux_state[:3]) == TARGET_XYZ:
+        for paraphrases in ("train", "heldout"):
+            b = binding(cfg.out / "checkpoint", 3 if args.smoke else args.binding_scenes, paraphrases, 100_000)
+            rows.append(
+                {
+                    "entry": f"main_binding_{paraphrases}",
+                    "paraphrases": paraphrases,
+                    "dropped": "none",
+                    "episodes": b["scenes"],
+                    "bound": b["bound"],
+                    "ci_low": b["ci_low"],
+                    "ci_high": b["ci_high"],
+                    "xy_error_cm": b["xy_error_cm_median"],
+                    "chance": b["chance"],
+                    "run": rows[0]["run"],
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -140,6 +168,7 @@ def main() -> None:
     ap.add_argument("--ablation-episodes", type=int, default=50, help="other arms: episodes per paraphrase set")
     ap.add_argument("--drop-episodes", type=int, default=50, help="main arm: episodes per withheld modality")
     ap.add_argument("--drop", nargs="*", default=list(MODES), choices=MODES)
+    ap.add_argument("--binding-scenes", type=int, default=200, help="main arm: scenes per paraphrase set (probe)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()

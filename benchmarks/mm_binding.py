@@ -1,0 +1,93 @@
+"""Does a multimodal policy's encoder know which cup the instruction names? A probe of the auxiliary state head.
+
+A policy trained with ``chunk.aux_state`` starting with 7 8 9 (MultiPath's state vector: the named cup's x, y, z)
+predicts that cup's position from rgb + depth + joints + force + instruction. On fresh scenes (seeds the dataset
+never saw) this script resets the env, encodes the first observation, and counts a scene as *bound* when the cup
+nearest to the predicted position is the named one (chance: 1 / number of cups). It also reports the error of the
+prediction in cm. It reads the head only: what the actions do with that knowledge is `dmrl eval`'s job.
+
+    python benchmarks/mm_binding.py --checkpoint runs/mm/checkpoint --scenes 200 [--paraphrases heldout]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dmrl.envs import make_env
+from dmrl.train.checkpoint import load_policy
+from dmrl.train.metrics import wilson_interval
+
+TARGET_XYZ = [7, 8, 9]  # MultiPath state entries of the named cup's centre (see MultiPathEnv._state_vector)
+
+
+@torch.inference_mode()
+def binding(checkpoint: Path, scenes: int, paraphrases: str, seed: int) -> dict:
+    policy, meta = load_policy(checkpoint)
+    aux = list(policy.chunk.aux_state)
+    if aux[:3] != TARGET_XYZ:
+        raise SystemExit(f"--checkpoint {checkpoint}: chunk.aux_state {aux} does not start with 7 8 9 (target cup)")
+    keys = list(policy.chunk.obs_keys)
+    env = make_env(meta["env_id"], **meta.get("env_kwargs", {}), paraphrases=paraphrases, obs_modes=keys)
+    hits, errors = 0, []
+    for i in range(scenes):
+        obs, _ = env.reset(seed=seed + i)
+        batch = {
+            k: [v]
+            if k == "instruction"
+            else torch.as_tensor(np.asarray(v))[None, None].repeat_interleave(policy.chunk.n_obs_steps, 1)
+            for k, v in obs.items()
+        }
+        pooled = policy.encode(batch)
+        pred = ((policy.aux_head(pooled) - policy.aux_offset) / policy.aux_scale)[0, :3].numpy()  # state units (m)
+        task = env.unwrapped.task_state()
+        nearest = int(np.argmin(np.linalg.norm(task.cups[:, :2] - pred[None, :2], axis=1)))
+        hits += nearest == task.target
+        errors.append(float(np.linalg.norm(task.cups[task.target, :2] - pred[:2])))
+    env.close()
+    lo, hi = wilson_interval(hits, scenes)
+    return {
+        "checkpoint": str(checkpoint),
+        "paraphrases": paraphrases,
+        "scenes": scenes,
+        "seed": seed,
+        "bound": hits / scenes,
+        "ci_low": lo,
+        "ci_high": hi,
+        "chance": 1.0 / len(task.cups),
+        "xy_error_cm_median": 100 * float(np.median(errors)),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", type=Path, required=True)
+    ap.add_argument("--scenes", type=int, default=200)
+    ap.add_argument("--paraphrases", default="train", choices=["train", "heldout"])
+    ap.add_argument("--seed", type=int, default=100_000, help="first scene seed (collection uses 0 and up)")
+    ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
+    args = ap.parse_args(argv)
+    if not (args.checkpoint / "config.json").is_file():
+        print(f"--checkpoint {args.checkpoint}: no config.json there; pass a run's checkpoint/ folder", file=sys.stderr)
+        return 2
+    res = binding(args.checkpoint, args.scenes, args.paraphrases, args.seed)
+    print("| scenes | named cup nearest the prediction [95% CI] | chance | median xy error |")
+    print("|---|---|---|---|")
+    print(
+        f"| {res['scenes']} ({res['paraphrases']}) | {100 * res['bound']:.0f}% "
+        f"[{100 * res['ci_low']:.0f}, {100 * res['ci_high']:.0f}] | {100 * res['chance']:.0f}% "
+        f"| {res['xy_error_cm_median']:.1f} cm |"
+    )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
