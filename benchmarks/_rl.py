@@ -111,3 +111,38 @@ def eval_row(summary: dict) -> dict:
         "route_right": ev["route_right"],
         "collision_rate": ev["collision_rate"],
     }
+
+
+def read_curve(run: Path) -> list[tuple[int, float]]:
+    """(update, success) learning-curve points of an offline run trained with curve_every (its metrics.jsonl)."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    recs = [json.loads(x) for x in lines if "curve_success" in x]
+    return [(r["step"], r["curve_success"]) for r in recs]
+
+
+def plot_curves(curves: dict[str, list[list]], path: Path, title: str) -> None:
+    """{label: one [(update, success), ...] per seed} -> a PNG: each seed a thin line, their mean a thick one."""
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, (label, seeds) in enumerate(curves.items()):
+        color = f"C{i}"
+        for pts in seeds:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.3, lw=0.8)
+        n = min(len(pts) for pts in seeds)  # the mean over seeds at the points every seed has
+        if n:
+            xs = [p[0] for p in seeds[0][:n]]
+            ax.plot(xs, np.mean([[p[1] for p in pts[:n]] for pts in seeds], 0), color=color, lw=2, label=label)
+    ax.set_xlabel("updates")
+    ax.set_ylabel("success (curve evaluations)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"wrote {path}")

@@ -4,6 +4,8 @@
 Run: ``python benchmarks/rl_offline.py [--seeds 0 1 2] [--steps N]`` (collects outputs/rl/mixed.zarr first if absent).
 Writes benchmarks/results/rl_offline.json and .md: per algorithm the success over all seeds' episodes pooled
 (Wilson interval on the pooled count), the per-seed rates and their mean ± std. Settings: configs/rl_offline.yaml.
+Every run also logs a learning curve (--curve-every updates, --curve-episodes evaluation seeds from 100000), drawn
+in docs/rl_offline.png and kept in benchmarks/results/rl_offline_curves.json.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from _common import RESULTS, machine, write_results
-from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, run_all, template
+from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, plot_curves, read_curve, run_all, template
 from dmrl.train.metrics import wilson_interval
 
 ALGOS = {  # name -> (algo, policy, overrides)
@@ -70,6 +72,8 @@ def main() -> None:
         help="Diffusion-QL Q weights tried on seed 0, scored on the selection seeds; the best one is compared",
     )
     ap.add_argument("--select-episodes", type=int, default=50)
+    ap.add_argument("--curve-every", type=int, default=250, help="updates between learning-curve points (0: none)")
+    ap.add_argument("--curve-episodes", type=int, default=20, help="episodes per curve point (seeds 100000..)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_offline")
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -85,6 +89,8 @@ def main() -> None:
             policy=ALGOS[name][1],
             seed=s,
             overwrite=True,
+            curve_every=args.curve_every,
+            curve_episodes=args.curve_episodes,
             **extra,
             **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else ALGOS[name][2]),
         )
@@ -94,6 +100,10 @@ def main() -> None:
     results = run_all(runs, args.parallel)
     commit = machine()["git_commit"]
     rows = [pooled(name, [results[(name, s)] for s in args.seeds]) | {"git_commit": commit} for name in args.algos]
+    curves = {name: [read_curve(runs[(name, s)].out) for s in args.seeds] for name in args.algos}
+    curves_file = RESULTS / "rl_offline_curves.json"
+    if curves_file.is_file():  # keep the curves of algorithms not run this time
+        curves = {k: v for k, v in json.loads(curves_file.read_text()).items() if k not in curves} | curves
     old = RESULTS / "rl_offline.json"
     if old.is_file():  # keep the rows of algorithms not run this time, with the commit they were measured at
         prev = json.loads(old.read_text())
@@ -115,8 +125,13 @@ def main() -> None:
         if selection
         else "not run this time (diffusion-ql not in --algos)",
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
+        "curves": f"every {args.curve_every} updates, {args.curve_episodes} episodes (seeds 100000..) per point",
     }
     write_results("rl_offline", rows, meta, list(rows[0]))
+    curves_file.write_text(json.dumps(curves) + "\n")
+    if any(any(seeds) for seeds in curves.values()):
+        title = f"offline RL on mixed: {meta['curves']}"
+        plot_curves({k: v for k, v in curves.items() if any(v)}, ROOT / "docs" / "rl_offline.png", title)
 
 
 def select_eta(args, extra: dict) -> tuple[list[tuple[float, float]], float]:

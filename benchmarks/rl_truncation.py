@@ -3,7 +3,9 @@ the Q gradient. Update throughput (samples/s, one thread, nothing else running) 
 
 Run: ``python benchmarks/rl_truncation.py [--ks 1 2 S] [--seeds 0 1 2]`` after (or instead of) rl_offline.py:
 k = S is rl_offline's diffusion-ql run and is read back from outputs/rl_offline when it finished there with the
-same settings. Writes benchmarks/results/rl_truncation.json and .md. Settings: configs/rl_offline.yaml.
+same settings. Writes benchmarks/results/rl_truncation.json and .md, and the learning curves (as rl_offline.py's:
+--curve-every, --curve-episodes) to docs/rl_truncation.png and rl_truncation_curves.json. Settings:
+configs/rl_offline.yaml.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import machine, write_results
-from _rl import ROOT, make_mixed, run_all, template, train_one
+from _common import RESULTS, machine, write_results
+from _rl import ROOT, make_mixed, plot_curves, read_curve, run_all, template, train_one
 from rl_offline import pooled
 
 
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--speed-steps", type=int, default=100, help="updates of each throughput measurement")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--speed-only", action="store_true", help="measure throughput only (no training to the end)")
+    ap.add_argument("--curve-every", type=int, default=250, help="as rl_offline.py's (k = S reuses its run)")
+    ap.add_argument("--curve-episodes", type=int, default=20)
     ap.add_argument("--offline-out", type=Path, default=ROOT / "outputs" / "rl_offline")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_truncation")
     args = ap.parse_args()
@@ -59,10 +63,12 @@ def main() -> None:
     # Throughput first, alone on the machine: short runs without evaluation, the rate logged at their end.
     speed = {}
     for k in args.ks:
-        s = train_one(cfg(k, 0, args.out / f"speed_k{k or 'S'}", steps=args.speed_steps, eval_episodes=0))
+        timing = {"steps": args.speed_steps, "eval_episodes": 0, "curve_every": 0}
+        s = train_one(cfg(k, 0, args.out / f"speed_k{k or 'S'}", **timing))
         speed[k] = s["samples_per_s"]
         print(f"k={k or 'S'}: {speed[k]:.0f} samples/s", flush=True)
-    runs = {(k, s): cfg(k, s, out_dir(k, s)) for k in args.ks for s in args.seeds}
+    curve = {"curve_every": args.curve_every, "curve_episodes": args.curve_episodes}
+    runs = {(k, s): cfg(k, s, out_dir(k, s), **curve) for k in args.ks for s in args.seeds}
     results = {} if args.speed_only else run_all(runs, args.parallel)
     S = runs[next(iter(runs))].diffusion.num_inference_steps
     full = speed.get(None)
@@ -86,6 +92,13 @@ def main() -> None:
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }
     write_results("rl_truncation_speed" if args.speed_only else "rl_truncation", rows, meta, list(rows[0]))
+    if not args.speed_only and args.curve_every:
+        curves = {
+            row["k"]: [read_curve(runs[(k, s)].out) for s in args.seeds] for k, row in zip(args.ks, rows, strict=True)
+        }
+        (RESULTS / "rl_truncation_curves.json").write_text(json.dumps(curves) + "\n")
+        title = f"Diffusion-QL on mixed, Q gradient through the last k DDIM steps; {args.curve_episodes} episodes/point"
+        plot_curves(curves, ROOT / "docs" / "rl_truncation.png", title)
     (args.out / "speed.json").write_text(json.dumps({str(k): v for k, v in speed.items()}))
 
 

@@ -220,6 +220,11 @@ class TrainConfig:
     eval_seed: int = 100_000
     """First evaluation seed (far from the dataset's collection seeds)."""
     eval_envs: int = 8
+    curve_every: int = 0
+    """Optimizer steps between learning-curve points during offline training (0: none). A point runs a copy of the
+    evaluation policy for curve_episodes episodes on seeds eval_seed, eval_seed + 1, ... and logs curve_success,
+    curve_ci_low, curve_ci_high, curve_collision to metrics.jsonl; training's random streams are left untouched."""
+    curve_episodes: int = 20
     overwrite: bool = False
     """Replace an existing run directory."""
     resume: bool = False
@@ -255,6 +260,12 @@ class TrainConfig:
             )
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.curve_every < 0 or self.curve_episodes < 1:
+            raise ValueError(
+                f"need --curve-every >= 0 and --curve-episodes >= 1, got {self.curve_every} and {self.curve_episodes}"
+            )
+        if self.curve_every and self.online:
+            raise ValueError("--curve-every is for offline training; online runs use --online-rl.eval-every")
         if not 0.0 <= self.ema_decay < 1.0:
             raise ValueError(f"--ema-decay: got {self.ema_decay}; allowed [0, 1)")
         if not 0.0 <= self.val_fraction < 1.0:

@@ -121,3 +121,27 @@ def test_bc_run_from_before_the_algo_keys_still_resumes(tmp_path, dataset):
         del saved[key]
     (run / "config.json").write_text(json.dumps(saved))
     assert main([*args, "--resume"]) == 0
+
+
+@pytest.mark.parametrize("algo", ["bc", "diffusion-ql"])
+def test_curve_points_are_logged_and_leave_training_unchanged(tmp_path, dataset, algo):
+    args = ["--algo", algo, "--steps", "4", "--eval-envs", "1"]
+    assert _train(dataset, tmp_path / "plain", *args) == 0
+    assert _train(dataset, tmp_path / "curve", *args, "--curve-every", "2", "--curve-episodes", "1") == 0
+    records = [json.loads(x) for x in (tmp_path / "curve" / "metrics.jsonl").read_text().splitlines()]
+    points = [r for r in records if "curve_success" in r]
+    assert [p["step"] for p in points] == [2, 4]
+    for p in points:
+        assert 0 <= p["curve_ci_low"] <= p["curve_success"] <= p["curve_ci_high"] <= 1
+        assert p["curve_success"] in (0.0, 1.0) and p["curve_collision"] in (0.0, 1.0)  # one episode each
+    # evaluate() reseeds torch; the points run inside fork_rng, so training draws the same noise either way.
+    plain, _ = load_policy(tmp_path / "plain" / "checkpoint")
+    curve, _ = load_policy(tmp_path / "curve" / "checkpoint")
+    for (name, a), b in zip(plain.state_dict().items(), curve.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_curve_flags_are_checked(capsys):
+    assert main(["train", "--curve-every", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--curve-every" in err[0], err

@@ -6,6 +6,7 @@ route split (did the policy keep both modes?), smoothness, episode length and de
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from dataclasses import asdict, dataclass, field
@@ -156,6 +157,26 @@ def evaluate(
         envs.close()
     records.sort(key=lambda r: r.seed)
     return summarize(records)
+
+
+def curve_point(policy: ChunkPolicy, env_id: str, env_kwargs: dict, cfg, device: torch.device) -> dict[str, float]:
+    """One learning-curve point in the middle of training (cfg: the run's TrainConfig).
+
+    Runs a CPU copy of ``policy`` (so the training copy keeps its device and train mode) on cfg.curve_episodes
+    seeds from cfg.eval_seed, inside fork_rng: evaluate() reseeds torch, which must not move training's stream.
+    """
+    from dmrl.train.engine.device import fork_rng
+
+    snapshot = copy.deepcopy(policy).cpu()
+    seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.curve_episodes))
+    with fork_rng(device):
+        r = evaluate(snapshot, env_id, seeds, env_kwargs, n_envs=cfg.eval_envs)
+    return {
+        "curve_success": r.success_rate,
+        "curve_ci_low": r.ci_low,
+        "curve_ci_high": r.ci_high,
+        "curve_collision": r.collision_rate,
+    }
 
 
 def summarize(records: list[EpisodeRecord]) -> EvalResult:

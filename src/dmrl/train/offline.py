@@ -67,6 +67,8 @@ _RESUME_MAY_DIFFER = {
     "eval_episodes",
     "eval_envs",
     "eval_seed",
+    "curve_every",
+    "curve_episodes",
     "num_workers",
     "engine.device",
     "engine.cpu_threads",
@@ -234,6 +236,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
     loader = make_loader(train_ds, cfg, engine, start)
     # A resumed run drops what the interrupted one logged after its last saved state.
     log = RunLog(out, start, enabled=main)
+    curve_env = (store.attrs["env_id"], env_kwargs_from_store(store))  # for --curve-every
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.policy}", disable=not (progress and main), unit="step")
     batches, t0, step = iter(loader), time.perf_counter(), start
     try:
@@ -265,6 +268,10 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
                 bar.set_postfix(loss=f"{rec['loss']:.4f}")
                 summary = rec
             bar.update(1)
+            if main and cfg.curve_every and step % cfg.curve_every == 0:
+                from dmrl.train.evaluate import curve_point
+
+                log.write({"step": step, **curve_point(ema.model, *curve_env, cfg, engine.device)})
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
                 save(step)
     except KeyboardInterrupt:

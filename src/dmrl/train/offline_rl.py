@@ -120,6 +120,7 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
     acc = cfg.engine.accumulate
     loader = make_loader(train_ds, cfg, engine, start)
     log = RunLog(out, start)
+    curve_env = (store.attrs["env_id"], env_kwargs_from_store(store))  # for --curve-every
     bar = tqdm(total=cfg.steps, initial=start, desc=f"train {cfg.algo}", disable=not progress, unit="step")
     batches, t0, step = iter(loader), time.perf_counter(), start
     try:
@@ -144,6 +145,11 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
                 bar.set_postfix(critic_loss=f"{rec['critic_loss']:.4f}")
                 summary = rec
             bar.update(1)
+            if engine.is_main and cfg.curve_every and step % cfg.curve_every == 0:
+                from dmrl.train.evaluate import curve_point
+
+                point = curve_point(algo.evaluation_policy(), *curve_env, cfg, engine.device)
+                log.write({"step": step, **point})
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
                 save(step)
     except KeyboardInterrupt:
