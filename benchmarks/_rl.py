@@ -80,6 +80,8 @@ def finished(cfg: TrainConfig, need_eval: bool = True) -> dict | None:
         return None
     now = json.loads(json.dumps(to_dict(cfg), default=str))
     a, b = _flat(json.loads(saved.read_text())), _flat(now)
+    defaults = _flat(json.loads(json.dumps(to_dict(TrainConfig()), default=str)))
+    a |= {k: defaults[k] for k in set(b) - set(a) if k in defaults}  # keys added since that run: their defaults
     for flat in (a, b):  # --overwrite says how a run was started, not what it trained
         flat.pop("overwrite", None)
     out = json.loads(summary.read_text())
@@ -133,10 +135,10 @@ def plot_curves(curves: dict[str, list[list]], path: Path, title: str) -> None:
         color = f"C{i}"
         for pts in seeds:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.3, lw=0.8)
-        n = min(len(pts) for pts in seeds)  # the mean over seeds at the points every seed has
-        if n:
-            xs = [p[0] for p in seeds[0][:n]]
-            ax.plot(xs, np.mean([[p[1] for p in pts[:n]] for pts in seeds], 0), color=color, lw=2, label=label)
+        common = sorted(set.intersection(*[{p[0] for p in pts} for pts in seeds]))  # steps every seed has
+        if common:
+            ys = [[dict(pts)[x] for x in common] for pts in seeds]
+            ax.plot(common, np.mean(ys, 0), color=color, lw=2, label=label)
     ax.set_xlabel("updates")
     ax.set_ylabel("success (curve evaluations)")
     ax.set_ylim(-0.02, 1.02)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dmrl.envs import make_env
+from dmrl.policies.observations import roll_history, step_tensors
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.metrics import wilson_interval
 
@@ -37,12 +38,8 @@ def binding(checkpoint: Path, scenes: int, paraphrases: str, seed: int) -> dict:
     hits, errors = 0, []
     for i in range(scenes):
         obs, _ = env.reset(seed=seed + i)
-        batch = {
-            k: [v]
-            if k == "instruction"
-            else torch.as_tensor(np.asarray(v))[None, None].repeat_interleave(policy.chunk.n_obs_steps, 1)
-            for k, v in obs.items()
-        }
+        step, _ = step_tensors(obs, keys, torch.device("cpu"))  # what act() builds on an episode's first step
+        batch = roll_history(None, step, torch.ones(1, dtype=torch.bool), policy.chunk.n_obs_steps)
         pooled = policy.encode(batch)
         pred = ((policy.aux_head(pooled) - policy.aux_offset) / policy.aux_scale)[0, :3].numpy()  # state units (m)
         task = env.unwrapped.task_state()
@@ -72,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=100_000, help="first scene seed (collection uses 0 and up)")
     ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args(argv)
+    if args.scenes < 1:
+        print(f"--scenes: need at least 1, got {args.scenes}", file=sys.stderr)
+        return 2
     if not (args.checkpoint / "config.json").is_file():
         print(f"--checkpoint {args.checkpoint}: no config.json there; pass a run's checkpoint/ folder", file=sys.stderr)
         return 2

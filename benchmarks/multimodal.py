@@ -1,4 +1,4 @@
-"""Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state (issue 4).
+"""Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state as input (issue 4).
 
 Run: ``python benchmarks/multimodal.py [--arms main concat lm_last_layer gaussian vae] [--episodes 100]``.
 It collects outputs/multimodal/dataset.zarr first if it is not there (300 expert episodes, 64 px front camera, 3 cups,
@@ -71,6 +71,7 @@ COLUMNS = [
     "route_left",
     "route_right",
     "bound",
+    "chance",
     "xy_error_cm",
     "train_minutes",
     "samples_per_s",
@@ -83,6 +84,11 @@ def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
     if not path.exists():
         modes = (*MODES, "state")  # state: the auxiliary head's training target, never a policy input
         collect(CollectConfig(out=path, episodes=episodes, obs_modes=modes, image_size=image_size, workers=2))
+        return
+    from dmrl.data import EpisodeStore
+
+    if "state" not in EpisodeStore.open(path).obs_modes:
+        sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
@@ -172,6 +178,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    if args.binding_scenes < 1:
+        sys.exit(f"--binding-scenes: need at least 1, got {args.binding_scenes}")
     if not args.config.is_file():
         sys.exit(f"--config: no file {args.config}; pass a preset YAML such as configs/grasp_multimodal_cpu.yaml")
 

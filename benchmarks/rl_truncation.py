@@ -94,7 +94,8 @@ def main() -> None:
     write_results("rl_truncation_speed" if args.speed_only else "rl_truncation", rows, meta, list(rows[0]))
     if not args.speed_only and args.curve_every:
         curves = {
-            row["k"]: [read_curve(runs[(k, s)].out) for s in args.seeds] for k, row in zip(args.ks, rows, strict=True)
+            row["algo"]: [read_curve(runs[(k, s)].out) for s in args.seeds]
+            for k, row in zip(args.ks, rows, strict=True)
         }
         (RESULTS / "rl_truncation_curves.json").write_text(json.dumps(curves) + "\n")
         title = f"Diffusion-QL on mixed, Q gradient through the last k DDIM steps; {args.curve_episodes} episodes/point"

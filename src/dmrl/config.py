@@ -225,6 +225,7 @@ class TrainConfig:
     evaluation policy for curve_episodes episodes on seeds eval_seed, eval_seed + 1, ... and logs curve_success,
     curve_ci_low, curve_ci_high, curve_collision to metrics.jsonl; training's random streams are left untouched."""
     curve_episodes: int = 20
+    """Episodes per learning-curve point (--curve-every)."""
     overwrite: bool = False
     """Replace an existing run directory."""
     resume: bool = False

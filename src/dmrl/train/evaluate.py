@@ -11,6 +11,7 @@ import functools
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,6 +19,9 @@ import torch
 from dmrl.envs import make_env
 from dmrl.policies.base import ChunkPolicy
 from dmrl.train.metrics import smoothness, wilson_interval
+
+if TYPE_CHECKING:
+    from dmrl.config import TrainConfig
 
 
 @dataclass
@@ -159,15 +163,21 @@ def evaluate(
     return summarize(records)
 
 
-def curve_point(policy: ChunkPolicy, env_id: str, env_kwargs: dict, cfg, device: torch.device) -> dict[str, float]:
-    """One learning-curve point in the middle of training (cfg: the run's TrainConfig).
+def curve_point(
+    policy: ChunkPolicy, env_id: str, env_kwargs: dict, cfg: TrainConfig, device: torch.device
+) -> dict[str, float]:
+    """One learning-curve point in the middle of training (cfg: the run's settings).
 
     Runs a CPU copy of ``policy`` (so the training copy keeps its device and train mode) on cfg.curve_episodes
     seeds from cfg.eval_seed, inside fork_rng: evaluate() reseeds torch, which must not move training's stream.
+    On CPU, the training device here, that is the cheapest place; on an accelerator it costs a host copy, and under
+    DDP the other ranks wait for rank 0 in their next all-reduce (keep curve_episodes small there).
     """
     from dmrl.train.engine.device import fork_rng
 
     snapshot = copy.deepcopy(policy).cpu()
+    for m in snapshot.modules():  # Module.compile's wrapper still calls the original module: drop it from the copy
+        m.__dict__.pop("_compiled_call_impl", None)
     seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.curve_episodes))
     with fork_rng(device):
         r = evaluate(snapshot, env_id, seeds, env_kwargs, n_envs=cfg.eval_envs)

@@ -271,7 +271,9 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
             if main and cfg.curve_every and step % cfg.curve_every == 0:
                 from dmrl.train.evaluate import curve_point
 
+                t_curve = time.perf_counter()
                 log.write({"step": step, **curve_point(ema.model, *curve_env, cfg, engine.device)})
+                t0 += time.perf_counter() - t_curve  # train_seconds and samples/s count training only
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
                 save(step)
     except KeyboardInterrupt:

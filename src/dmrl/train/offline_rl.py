@@ -148,8 +148,10 @@ def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool
             if engine.is_main and cfg.curve_every and step % cfg.curve_every == 0:
                 from dmrl.train.evaluate import curve_point
 
+                t_curve = time.perf_counter()
                 point = curve_point(algo.evaluation_policy(), *curve_env, cfg, engine.device)
                 log.write({"step": step, **point})
+                t0 += time.perf_counter() - t_curve  # train_seconds and samples/s count training only
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
                 save(step)
     except KeyboardInterrupt:
