@@ -73,15 +73,13 @@ def finished(cfg: TrainConfig, need_eval: bool = True) -> dict | None:
     ``need_eval`` is False: online runs are evaluated apart), else None: benchmarks sharing a run (rl_truncation's
     k = S is rl_offline's diffusion-ql; rl_per's and rl_finetune's bc_rl) train it once."""
     from dmrl.config import to_dict
-    from dmrl.train.offline import _flat
+    from dmrl.train.offline import _flat, saved_settings
 
     summary, saved = cfg.out / "summary.json", cfg.out / "config.json"
     if not (summary.is_file() and saved.is_file()):
         return None
     now = json.loads(json.dumps(to_dict(cfg), default=str))
-    a, b = _flat(json.loads(saved.read_text())), _flat(now)
-    defaults = _flat(json.loads(json.dumps(to_dict(TrainConfig()), default=str)))
-    a |= {k: defaults[k] for k in set(b) - set(a) if k in defaults}  # keys added since that run: their defaults
+    a, b = saved_settings(saved), _flat(now)
     for flat in (a, b):  # --overwrite says how a run was started, not what it trained
         flat.pop("overwrite", None)
     out = json.loads(summary.read_text())

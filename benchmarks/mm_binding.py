@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dmrl.envs import make_env
+from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.observations import roll_history, step_tensors
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.metrics import wilson_interval
@@ -28,11 +29,8 @@ TARGET_XYZ = [7, 8, 9]  # MultiPath state entries of the named cup's centre (see
 
 
 @torch.inference_mode()
-def binding(checkpoint: Path, scenes: int, paraphrases: str, seed: int) -> dict:
-    policy, meta = load_policy(checkpoint)
-    aux = list(policy.chunk.aux_state)
-    if aux[:3] != TARGET_XYZ:
-        raise SystemExit(f"--checkpoint {checkpoint}: chunk.aux_state {aux} does not start with 7 8 9 (target cup)")
+def binding(policy: ChunkPolicy, meta: dict, scenes: int, paraphrases: str, seed: int) -> dict:
+    """A loaded policy (load_policy's pair) whose chunk.aux_state starts with TARGET_XYZ -> the probe's result."""
     keys = list(policy.chunk.obs_keys)
     env = make_env(meta["env_id"], **meta.get("env_kwargs", {}), paraphrases=paraphrases, obs_modes=keys)
     hits, errors = 0, []
@@ -49,7 +47,6 @@ def binding(checkpoint: Path, scenes: int, paraphrases: str, seed: int) -> dict:
     env.close()
     lo, hi = wilson_interval(hits, scenes)
     return {
-        "checkpoint": str(checkpoint),
         "paraphrases": paraphrases,
         "scenes": scenes,
         "seed": seed,
@@ -75,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.checkpoint / "config.json").is_file():
         print(f"--checkpoint {args.checkpoint}: no config.json there; pass a run's checkpoint/ folder", file=sys.stderr)
         return 2
-    res = binding(args.checkpoint, args.scenes, args.paraphrases, args.seed)
+    policy, meta = load_policy(args.checkpoint)
+    aux = list(policy.chunk.aux_state)
+    if aux[:3] != TARGET_XYZ:
+        print(f"--checkpoint {args.checkpoint}: chunk.aux_state {aux} does not start with 7 8 9", file=sys.stderr)
+        return 2
+    res = {"checkpoint": str(args.checkpoint), **binding(policy, meta, args.scenes, args.paraphrases, args.seed)}
     print("| scenes | named cup nearest the prediction [95% CI] | chance | median xy error |")
     print("|---|---|---|---|")
     print(

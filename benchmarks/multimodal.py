@@ -143,7 +143,7 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
         print(json.dumps(rows[-1]), flush=True)
     if arm == "main" and list(cfg.chunk.aux_state[:3]) == TARGET_XYZ:
         for paraphrases in ("train", "heldout"):
-            b = binding(cfg.out / "checkpoint", 3 if args.smoke else args.binding_scenes, paraphrases, 100_000)
+            b = binding(policy, meta, 3 if args.smoke else args.binding_scenes, paraphrases, 100_000)
             rows.append(
                 {
                     "entry": f"main_binding_{paraphrases}",

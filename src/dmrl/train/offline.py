@@ -85,6 +85,13 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def saved_settings(config_json: Path) -> dict[str, Any]:
+    """A run's config.json as flat {dotted key: value}. A key added to TrainConfig after the run started is absent
+    from it and takes its default, which is what that run trained with."""
+    saved = _flat(json.loads(config_json.read_text()))
+    return {**_flat(to_dict(TrainConfig())), **saved}
+
+
 def _prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
     """The run directory: checked for --resume, emptied for --overwrite (rank 0 only), config.json written."""
     out = Path(cfg.out)
@@ -92,10 +99,7 @@ def _prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
         saved_path = out / "config.json"
         if not saved_path.is_file():
             raise FileNotFoundError(f"--resume: {saved_path} not found; start the run without --resume first")
-        saved, now = _flat(json.loads(saved_path.read_text())), _flat(to_dict(cfg))
-        # A key added to TrainConfig after the run started is absent from its config.json: its default matches.
-        defaults = _flat(to_dict(TrainConfig()))
-        saved |= {k: defaults[k] for k in set(now) - set(saved) if k in defaults}
+        saved, now = saved_settings(saved_path), _flat(to_dict(cfg))
         for key in sorted(set(saved) | set(now)):
             if key not in _RESUME_MAY_DIFFER and saved.get(key) != now.get(key):
                 raise ValueError(
