@@ -161,6 +161,10 @@ class MultimodalEncoderConfig:
     """D: width of every token and of the output."""
     n_obs_steps: int = 2
     """To: observation frames per sample."""
+    image_obs_steps: int | None = None
+    """Frames of rgb and depth that are encoded: the most recent ones of the To given (None: all To). Joints and
+    force keep all To (they carry the arm's velocity); 1 halves the image encoder's cost at To 2, where it is
+    most of a training step, for static scenes where the second image adds little."""
     image_size: tuple[int, int] = (64, 64)
     """(H, W) of rgb and depth frames."""
     n_cameras: int = 1
@@ -208,6 +212,10 @@ class MultimodalEncoderConfig:
         for key in ("dim", "n_obs_steps", "n_cameras", "joints_dim", "force_dim", "concat_hidden"):
             if getattr(self, key) < 1:
                 raise ValueError(f"MultimodalEncoderConfig.{key}: got {getattr(self, key)}; allowed an integer >= 1")
+        if self.image_obs_steps is not None and self.image_obs_steps < 1:
+            raise ValueError(
+                f"MultimodalEncoderConfig.image_obs_steps: got {self.image_obs_steps}; allowed None (all To) or >= 1"
+            )
         if self.rgb_encoder not in ("vit", "resnet"):
             raise ValueError(f"MultimodalEncoderConfig.rgb_encoder: got {self.rgb_encoder!r}; allowed vit or resnet")
         if self.fusion not in FUSIONS:
@@ -241,13 +249,16 @@ class MultimodalEncoder(nn.Module):
         super().__init__()
         c = self.config = config or MultimodalEncoderConfig()
         d, to = c.dim, c.n_obs_steps
+        self.image_steps = ti = c.image_obs_steps or to
+        if ti > to:
+            raise ValueError(f"MultimodalEncoderConfig.image_obs_steps: got {ti}; allowed at most To = {to}")
         geometry = {"out_dim": d, "image_size": c.image_size, "n_cameras": c.n_cameras}
         self.frames = nn.ModuleDict()
         if "rgb" in c.modalities:
             rgb = ViTEncoder(c.vit, **geometry) if c.rgb_encoder == "vit" else ResNet18GN(c.resnet, **geometry)
-            self.frames["rgb"] = FrameTokenizer(rgb, to)
+            self.frames["rgb"] = FrameTokenizer(rgb, ti)
         if "depth" in c.modalities:
-            self.frames["depth"] = FrameTokenizer(DepthEncoder(c.depth, **geometry), to)
+            self.frames["depth"] = FrameTokenizer(DepthEncoder(c.depth, **geometry), ti)
         low = {k: getattr(c, f"{k}_dim") for k in ("joints", "force") if k in c.modalities}
         self.proprio = ProprioTokenizer(low, to, d) if low else None
         self.skip = nn.ModuleDict({k: nn.Linear(to * n, d) for k, n in low.items()}) if c.proprio_skip else None
@@ -302,11 +313,12 @@ class MultimodalEncoder(nn.Module):
             return self.text_proj(tokens) + self.text_embed, mask.to(torch.bool)
         assert isinstance(value, Tensor)
         if name in self.frames:
-            if value.ndim != 5:
+            to = self.config.n_obs_steps
+            if value.ndim != 5 or value.shape[1] != to:
                 raise ValueError(
-                    f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, To, C, H, W)"
+                    f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, {to}, C, H, W)"
                 )
-            tokens = self.frames[name](value, film)
+            tokens = self.frames[name](value[:, to - self.image_steps :], film)
         else:
             assert self.proprio is not None
             tokens = self.proprio(name, value)

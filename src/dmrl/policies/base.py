@@ -72,6 +72,11 @@ class ChunkConfig:
             raise ValueError(f"chunk.aux_state: got {list(self.aux_state)}; allowed distinct indices >= 0")
         if not self.aux_weight >= 0.0:
             raise ValueError(f"chunk.aux_weight: got {self.aux_weight}; allowed >= 0")
+        ti = self.multimodal.image_obs_steps
+        if ti is not None and ti > self.n_obs_steps:
+            raise ValueError(
+                f"chunk.multimodal.image_obs_steps: got {ti}; allowed at most chunk.n_obs_steps = {self.n_obs_steps}"
+            )
         if not (
             1 <= self.n_obs_steps <= self.horizon and 1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1
         ):
