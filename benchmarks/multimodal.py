@@ -12,6 +12,9 @@ change, then is evaluated on seeds 100000.. with train and with held-out instruc
     no_aux         without the preset's auxiliary head (chunk.aux_state: predicting the named cup's position from
                    the pooled condition at training time; the policy never reads the state)
 
+Each evaluation also records where the first grasp went (grasp_target / grasp_wrong / grasp_none: the named cup,
+another, none); ``--action-steps N`` evaluates with Ta = N instead of the checkpoint's (chosen on validation seeds
+with ``dmrl eval --seed 200000 --action-steps N``, never on these).
 ``main`` is also evaluated with each modality withheld at test time (train paraphrases, --drop-episodes each), and
 its auxiliary head is probed on --binding-scenes fresh scenes per paraphrase set (benchmarks/mm_binding.py: is the
 cup nearest the predicted position the named one?). The dataset stores the privileged state as well, only as the
@@ -70,6 +73,10 @@ COLUMNS = [
     "collision_rate",
     "route_left",
     "route_right",
+    "grasp_target",
+    "grasp_wrong",
+    "grasp_none",
+    "action_steps",
     "bound",
     "chance",
     "xy_error_cm",
@@ -104,9 +111,11 @@ def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
 
 def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict) -> list[dict]:
     from dmrl.train.checkpoint import load_policy
-    from dmrl.train.evaluate import evaluate
+    from dmrl.train.evaluate import evaluate, set_action_steps
 
     policy, meta = load_policy(cfg.out / "checkpoint")
+    if args.action_steps:
+        set_action_steps(policy, args.action_steps)
     n_main = 2 if args.smoke else args.episodes
     n_abl = 2 if args.smoke else args.ablation_episodes
     n_drop = 2 if args.smoke else args.drop_episodes
@@ -134,6 +143,10 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
                 "collision_rate": ev.collision_rate,
                 "route_left": ev.route_left,
                 "route_right": ev.route_right,
+                "grasp_target": ev.grasp_target,
+                "grasp_wrong": ev.grasp_wrong,
+                "grasp_none": ev.grasp_none,
+                "action_steps": policy.chunk.n_action_steps,
                 "train_minutes": summary["train_seconds"] / 60,
                 "samples_per_s": summary["train_steps"] * cfg.batch_size / summary["train_seconds"],
                 "steps": summary["train_steps"],
@@ -174,12 +187,17 @@ def main() -> None:
     ap.add_argument("--ablation-episodes", type=int, default=50, help="other arms: episodes per paraphrase set")
     ap.add_argument("--drop-episodes", type=int, default=50, help="main arm: episodes per withheld modality")
     ap.add_argument("--drop", nargs="*", default=list(MODES), choices=MODES)
+    ap.add_argument(
+        "--action-steps", type=int, default=0, help="evaluate with this Ta (actions per chunk; 0: the checkpoint's)"
+    )
     ap.add_argument("--binding-scenes", type=int, default=200, help="main arm: scenes per paraphrase set (probe)")
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     if args.binding_scenes < 1:
         sys.exit(f"--binding-scenes: need at least 1, got {args.binding_scenes}")
+    if args.action_steps < 0:
+        sys.exit(f"--action-steps: need 0 (the checkpoint's Ta) or at least 1, got {args.action_steps}")
     if not args.config.is_file():
         sys.exit(f"--config: no file {args.config}; pass a preset YAML such as configs/grasp_multimodal_cpu.yaml")
 

@@ -52,3 +52,23 @@ def test_noisy_and_suboptimal_experts_are_worse_but_valid():
 def test_expert_config_validation():
     with pytest.raises(ValueError, match="route"):
         ExpertConfig(route="up")
+
+
+def test_info_reports_the_held_cup_in_grasp_only():
+    """info["held"]: the named cup while the expert carries it, None before the grasp and after the release."""
+    env = make_env("dmrl/MultiPathGrasp-v0", obs_modes=("state",))
+    expert = ScriptedExpert(env)
+    _, info = env.reset(seed=3)
+    expert.reset()
+    held, done = [info["held"]], False
+    while not done:
+        *_, term, trunc, info = env.step(expert.act())
+        held.append(info["held"])
+        done = term or trunc
+    assert info["is_success"] and held[0] is None and held[-1] is None
+    carried = [h for h in held if h is not None]
+    assert carried and set(carried) == {info["target"]}
+    first = held.index(info["target"])  # one grasp: held is a single contiguous run
+    assert all(h == info["target"] for h in held[first : first + len(carried)])
+    reach = make_env("dmrl/MultiPathReach-v0", obs_modes=("state",))
+    assert "held" not in reach.reset(seed=3)[1]

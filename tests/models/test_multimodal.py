@@ -499,3 +499,50 @@ def test_instruction_film_moves_only_the_rgb_features_and_respects_masks() -> No
     torch.testing.assert_close(without.tokens, rgb_only.tokens, rtol=0, atol=0)
     with pytest.raises(ValueError, match="instruction_film"):
         make_encoder(("rgb", "instruction"), instruction_film=True)  # the ViT has no FiLM
+
+
+def test_resnet_channels_last_computes_the_same_features() -> None:
+    cfg = {"widths": (8, 8, 16, 16), "group_size": 4, "n_keypoints": 5}
+    nhwc = ResNet18GN(ResNetGNConfig(**cfg), out_dim=D, image_size=HW)
+    nchw = ResNet18GN(ResNetGNConfig(**cfg, channels_last=False), out_dim=D, image_size=HW)
+    nchw.load_state_dict(nhwc.state_dict())
+    images = torch.randint(0, 256, (4, 3, *HW), dtype=torch.uint8)
+    out = nhwc(images)
+    torch.testing.assert_close(out, nchw(images), rtol=1e-4, atol=1e-5)
+    out.sum().backward()  # and it trains in that layout
+    assert all(p.grad is not None for p in nhwc.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("rgb_encoder", ["vit", "resnet"])
+def test_image_obs_steps_encodes_only_the_latest_frames(rgb_encoder: str) -> None:
+    # TINY_RESNET's map is 1 x 1 at 32 px (its keypoint reads 0 for every image): the preset's stride-1 layout here
+    kw = {"rgb_encoder": rgb_encoder, "resnet": ResNetGNConfig(**{**vars(TINY_RESNET), "stage_strides": (1, 1, 1, 1)})}
+    enc = make_encoder(("rgb", "depth", "joints"), image_obs_steps=1, **kw).eval()
+    full = make_encoder(("rgb", "depth", "joints"), **kw)
+    assert enc.n_tokens["rgb"] == full.n_tokens["rgb"] // TO and enc.n_tokens["joints"] == TO
+    obs = make_obs()
+    changed_old = {**obs, "rgb": obs["rgb"].clone(), "depth": obs["depth"].clone()}
+    changed_old["rgb"][:, 0] = 255 - changed_old["rgb"][:, 0]
+    changed_old["depth"][:, 0] = 0.3
+    changed_new = {**obs, "rgb": obs["rgb"].clone()}
+    changed_new["rgb"][:, -1] = 255 - changed_new["rgb"][:, -1]
+    joints_old = {**obs, "joints": obs["joints"].clone()}
+    joints_old["joints"][:, 0] += 1.0
+    with torch.no_grad():
+        ref = enc(obs).pooled
+        torch.testing.assert_close(enc(changed_old).pooled, ref)  # the older image frame is never read
+        assert not torch.allclose(enc(changed_new).pooled, ref)
+        assert not torch.allclose(enc(joints_old).pooled, ref)  # joints keep every frame
+    with pytest.raises(ValueError, match=r"expected \(B, 2, C, H, W\)"):
+        enc({"rgb": obs["rgb"][:, -1:]})  # the caller still gives To frames
+
+
+def test_image_obs_steps_errors_name_the_key() -> None:
+    from dmrl.policies.base import ChunkConfig
+
+    with pytest.raises(ValueError, match="image_obs_steps"):
+        MultimodalEncoderConfig(image_obs_steps=0)
+    with pytest.raises(ValueError, match="image_obs_steps: got 3; allowed at most To = 2"):
+        make_encoder(("rgb",), image_obs_steps=3)
+    with pytest.raises(ValueError, match=r"chunk.multimodal.image_obs_steps: got 3; .* chunk.n_obs_steps = 2"):
+        ChunkConfig(obs_keys=("rgb",), encoder_type="multimodal", multimodal=MultimodalEncoderConfig(image_obs_steps=3))

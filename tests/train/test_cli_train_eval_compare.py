@@ -57,6 +57,16 @@ def test_train_then_eval(tmp_path, dataset, policy, capsys):
     result = json.loads((run / "eval" / "eval.json").read_text())
     assert result["episodes"] == 2 and 0.0 <= result["ci_low"] <= result["success_rate"] <= result["ci_high"]
     assert (run / "eval" / "paths.png").is_file() and (run / "eval" / "rollouts.gif").is_file()
+    assert result["grasp_target"] + result["grasp_wrong"] + result["grasp_none"] == pytest.approx(1.0)
+    assert result["n_action_steps"] == 4
+    # Ta overridden at evaluation; out of range is a one-line error naming the flag and the allowed range
+    args = ["eval", "--checkpoint", str(run / "checkpoint"), "--episodes", "1", "--envs", "1", "--gif-episodes", "0"]
+    assert main([*args, "--action-steps", "1", "--out", str(tmp_path / "ta1")]) == 0
+    assert json.loads((tmp_path / "ta1" / "eval.json").read_text())["n_action_steps"] == 1
+    capsys.readouterr()
+    assert main([*args, "--action-steps", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--action-steps" in err[0] and "1 .. 7" in err[0], err
     # an existing run is never overwritten silently
     assert main(["train", "--dataset", str(dataset), "--out", str(run), "--steps", "1"]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -28,3 +28,24 @@ def test_smoothness_of_constant_ramp_and_jumpy_actions():
     jumpy = np.tile([[1.0] * 6, [-1.0] * 6], (10, 1))
     jerk, jump = smoothness(jumpy)
     assert jump == 2.0 and jerk == pytest.approx(6 * 16.0)
+
+
+def test_summarize_splits_first_grasps_into_named_wrong_and_none():
+    import numpy as np
+
+    from dmrl.train.evaluate import EpisodeRecord, summarize
+
+    def rec(seed, target, first, step, success=False):
+        return EpisodeRecord(seed, success, not success, "left", 40, 0.0, 0.0, np.zeros((1, 3)), target, first, step)
+
+    records = [
+        rec(0, "red", "red", 10, success=True),
+        rec(1, "red", "blue", 14),
+        rec(2, "blue", None, None),
+        rec(3, "green", "green", 20),
+    ]
+    r = summarize(records)
+    assert (r.grasp_target, r.grasp_wrong, r.grasp_none) == (0.5, 0.25, 0.25)
+    assert r.grasp_step == (10 + 14 + 20) / 3
+    reach = summarize([rec(0, None, None, None)])  # a task without grasps reports nan, not "never grasped"
+    assert np.isnan(reach.grasp_target) and np.isnan(reach.grasp_none) and np.isnan(reach.grasp_step)

@@ -362,7 +362,7 @@ class MultiPathEnv(gym.Env):
         return np.concatenate([*head, target, pad, target - tip, pad - tip, cups.ravel(), onehot]).astype(np.float32)
 
     def _info(self, success: bool) -> dict:
-        return {
+        info = {
             "tip": self.data.site_xpos[self._tip_site].copy(),
             "is_success": bool(success),
             "collision": bool(self.collided),
@@ -370,6 +370,11 @@ class MultiPathEnv(gym.Env):
             "target": self.colors[self.target],
             "instruction": self.instruction,
         }
+        if self.cfg.task != "reach":
+            # Colour of the cup held by suction now (None: none): evaluation records the first one, which tells a
+            # missed grasp from a wrong cup from a dropped one.
+            info["held"] = self.colors[self.attached] if self.attached >= 0 else None
+        return info
 
     def render(self):
         if self._renderer is None:

@@ -7,6 +7,7 @@ route split (did the policy keep both modes?), smoothness, episode length and de
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,9 @@ class EpisodeRecord:
     jerk: float
     max_jump: float
     tip_path: np.ndarray = field(repr=False)  # (T, 3)
+    target: str | None = None  # the named cup's colour, in a task that grasps (the env reports "held")
+    first_grasp: str | None = None  # colour of the first cup the tool held; None if it held none
+    grasp_step: int | None = None  # env step (1-based) at which it first held a cup
 
 
 @dataclass
@@ -49,6 +53,14 @@ class EvalResult:
     jerk: float
     max_action_change: float
     mean_length: float
+    grasp_target: float = float("nan")
+    """Grasp task: fraction of episodes whose first held cup was the named one (nan where the env has no cups)."""
+    grasp_wrong: float = float("nan")
+    """... whose first held cup was another one."""
+    grasp_none: float = float("nan")
+    """... that never held a cup."""
+    grasp_step: float = float("nan")
+    """Mean env step of the first grasp, over the episodes with one."""
     latency_ms: float = float("nan")
     latency_p95_ms: float = float("nan")
     records: list[EpisodeRecord] = field(default_factory=list, repr=False)
@@ -77,6 +89,18 @@ def check_drop(policy: ChunkPolicy, drop: tuple[str, ...]) -> tuple[str, ...]:
     if set(drop) >= set(keys):
         raise ValueError(f"--drop-modality: dropping {', '.join(drop)} leaves the policy no observation")
     return drop
+
+
+def set_action_steps(policy: ChunkPolicy, n: int) -> None:
+    """Execute ``n`` actions of each chunk before replanning (Ta) instead of the trained setting. Every BC window
+    predicts all Tp actions (Ta only sets how far windows reach past an episode's end), so this is an
+    inference-time choice: fewer steps close the loop more often and plan more often."""
+    c = policy.chunk
+    top = c.horizon - c.n_obs_steps + 1
+    if not 1 <= n <= top:
+        raise ValueError(f"--action-steps: got {n}; allowed 1 .. {top} (Tp - To + 1 of this checkpoint's chunk)")
+    policy.chunk = dataclasses.replace(c, n_action_steps=n)
+    policy.reset()
 
 
 def _without(obs: dict, drop: tuple[str, ...]) -> dict:
@@ -121,6 +145,7 @@ def evaluate(
         active = np.ones(n_envs, dtype=bool)
         actions: list[list[np.ndarray]] = [[] for _ in range(n_envs)]
         tips: list[list[np.ndarray]] = [[np.asarray(info["tip"][i])] for i in range(n_envs)]
+        grasps: list[tuple[str, int] | None] = [None] * n_envs  # (colour, step) of each env's first held cup
         while active.any():
             act = policy.act(_without(obs, drop))
             act[~active] = 0.0
@@ -129,6 +154,9 @@ def evaluate(
             for i in np.flatnonzero(active):
                 actions[i].append(act[i])
                 tips[i].append(np.asarray(info["tip"][i]))
+                held = info["held"][i] if "held" in info else None
+                if grasps[i] is None and held is not None:
+                    grasps[i] = (str(held), len(actions[i]))
             for i in np.flatnonzero(done):
                 jerk, jump = smoothness(np.asarray(actions[i]))
                 records.append(
@@ -141,6 +169,9 @@ def evaluate(
                         jerk=jerk,
                         max_jump=jump,
                         tip_path=np.asarray(tips[i]),
+                        target=info["target"][i] if "held" in info else None,
+                        first_grasp=grasps[i][0] if grasps[i] else None,
+                        grasp_step=grasps[i][1] if grasps[i] else None,
                     )
                 )
                 if progress is not None:
@@ -156,7 +187,7 @@ def evaluate(
                 obs, info = envs.reset(seed=list(current), options={"reset_mask": done})
                 policy.reset(mask=done)
                 for i in np.flatnonzero(done):
-                    actions[i], tips[i] = [], [np.asarray(info["tip"][i])]
+                    actions[i], tips[i], grasps[i] = [], [np.asarray(info["tip"][i])], None
     finally:
         envs.close()
     records.sort(key=lambda r: r.seed)
@@ -194,6 +225,15 @@ def summarize(records: list[EpisodeRecord]) -> EvalResult:
     k = sum(r.success for r in records)
     lo, hi = wilson_interval(k, n)
     routes = [r.route for r in records]
+    grasp = {}
+    if all(r.target is not None for r in records):  # a task with a named cup: where did the first grasp go
+        steps = [r.grasp_step for r in records if r.grasp_step is not None]
+        grasp = {
+            "grasp_target": sum(r.first_grasp == r.target for r in records) / n,
+            "grasp_wrong": sum(r.first_grasp not in (None, r.target) for r in records) / n,
+            "grasp_none": sum(r.first_grasp is None for r in records) / n,
+            "grasp_step": float(np.mean(steps)) if steps else float("nan"),
+        }
     return EvalResult(
         episodes=n,
         success_rate=k / n,
@@ -206,6 +246,7 @@ def summarize(records: list[EpisodeRecord]) -> EvalResult:
         jerk=float(np.mean([r.jerk for r in records])),
         max_action_change=float(np.max([r.max_jump for r in records])),
         mean_length=float(np.mean([r.length for r in records])),
+        **grasp,
         records=records,
     )
 

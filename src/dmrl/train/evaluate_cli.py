@@ -28,6 +28,9 @@ class EvalConfig:
     """Instruction paraphrases at reset: train, heldout or all."""
     inference_steps: int | None = None
     """Override the diffusion policy's DDIM steps."""
+    action_steps: int | None = None
+    """Override Ta, the actions executed from each chunk before replanning (receding horizon): 1 .. Tp - To + 1
+    of the checkpoint's chunk. Reported as n_action_steps in eval.json."""
     onnx: Path | None = None
     """Plan chunks with this exported graph (``dmrl export``) in onnxruntime instead of torch; the checkpoint still
     gives the settings, the history and the action queue. Reported as planner in eval.json."""
@@ -56,7 +59,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     from dmrl.envs.plotting import save_path_plot
     from dmrl.train.checkpoint import load_policy
     from dmrl.train.engine import configure_cpu_threads
-    from dmrl.train.evaluate import check_drop, evaluate, measure_latency, save_rollout_gif
+    from dmrl.train.evaluate import check_drop, evaluate, measure_latency, save_rollout_gif, set_action_steps
 
     configure_cpu_threads(cfg.cpu_threads)
     policy, meta = load_policy(cfg.checkpoint)
@@ -64,6 +67,8 @@ def run_eval(cfg: EvalConfig) -> dict:
         if not hasattr(policy, "set_sampler"):
             raise ValueError(f"--inference-steps applies to diffusion policies; {cfg.checkpoint} is {policy.name}")
         policy.set_sampler(cfg.inference_steps)
+    if cfg.action_steps is not None:
+        set_action_steps(policy, cfg.action_steps)
     if cfg.onnx is not None:
         from dmrl.export import OnnxPlanner
 
@@ -84,6 +89,7 @@ def run_eval(cfg: EvalConfig) -> dict:
         "policy": policy.name,
         "obs_keys": list(policy.chunk.obs_keys),
         "dropped_modalities": list(drop),
+        "n_action_steps": policy.chunk.n_action_steps,
         "planner": f"onnxruntime:{cfg.onnx}" if cfg.onnx is not None else "torch",
         "seeds": [seeds[0], seeds[-1]],
         **result.summary(),
