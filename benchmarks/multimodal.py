@@ -1,7 +1,7 @@
 """Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state as input (issue 4).
 
 Run: ``python benchmarks/multimodal.py [--arms main concat lm_last_layer gaussian vae] [--episodes 100]``.
-It collects outputs/multimodal/dataset.zarr first if it is not there (300 expert episodes, 64 px front camera, 3 cups,
+It collects outputs/multimodal/dataset.zarr first if it is not there (500 expert episodes, 64 px front camera, 3 cups,
 train paraphrases). Each arm trains the preset (``--config``, default configs/grasp_multimodal_cpu.yaml) with one
 change, then is evaluated on seeds 100000.. with train and with held-out instruction paraphrases:
 
@@ -38,6 +38,7 @@ from dmrl.config import TrainConfig, merge
 from mm_binding import TARGET_XYZ, binding
 
 ROOT = Path(__file__).resolve().parents[1]
+DATASET = ROOT / "outputs" / "multimodal" / "dataset.zarr"
 MODES = ("rgb", "depth", "joints", "force", "instruction")
 ARMS: dict[str, dict] = {
     "main": {},
@@ -94,8 +95,14 @@ def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
         return
     from dmrl.data import EpisodeStore
 
-    if "state" not in EpisodeStore.open(path).obs_modes:
+    store = EpisodeStore.open(path)
+    if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
+    if store.n_episodes != episodes:  # a finished run on it would be reused as if trained on the asked-for data
+        sys.exit(
+            f"--dataset {path}: holds {store.n_episodes} episodes, --collect-episodes asks for {episodes}; "
+            f"delete it to recollect, or pass --collect-episodes {store.n_episodes}"
+        )
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
@@ -178,8 +185,8 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "grasp_multimodal_cpu.yaml")
-    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "multimodal" / "dataset.zarr")
-    ap.add_argument("--collect-episodes", type=int, default=300)
+    ap.add_argument("--dataset", type=Path, default=DATASET)
+    ap.add_argument("--collect-episodes", type=int, default=500)
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--arms", nargs="+", default=["main"], choices=list(ARMS))
     ap.add_argument("--steps", type=int, default=0, help="override the preset's steps (0: keep them)")
@@ -203,6 +210,8 @@ def main() -> None:
 
     from dmrl.train.offline import train_bc
 
+    if args.smoke and args.dataset == DATASET:  # never the real dataset: its size is checked against the flags
+        args.dataset = args.out / "smoke_dataset.zarr"
     collect_if_missing(args.dataset, 3 if args.smoke else args.collect_episodes, 16 if args.smoke else args.image_size)
     rows: list[dict] = []
     for arm in args.arms:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -81,6 +83,18 @@ def test_paraphrase_splits_are_disjoint():
         seen[split] = {env.reset(seed=s, options={"target": "red"})[0]["instruction"] for s in range(40)}
     assert len(seen["train"]) >= 4 and len(seen["heldout"]) >= 2
     assert not seen["train"] & seen["heldout"]
+
+
+def test_heldout_paraphrases_share_only_function_words_with_train():
+    # The held-out split tests the language model's semantics: none of its verbs or nouns may occur in train.
+    from dmrl.envs.language import TEMPLATES
+
+    def words(templates):
+        return {w for t in templates for w in re.findall(r"[a-z]+", t.format(c=""))}
+
+    for task, split in TEMPLATES.items():
+        shared = words(split["train"]) & words(split["heldout"])
+        assert shared <= {"the", "to", "onto"}, (task, shared)
 
 
 @pytest.mark.parametrize(
