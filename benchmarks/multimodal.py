@@ -1,7 +1,7 @@
 """Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state as input (issue 4).
 
 Run: ``python benchmarks/multimodal.py [--arms main concat lm_last_layer gaussian vae] [--episodes 100]``.
-It collects outputs/multimodal/dataset.zarr first if it is not there (500 expert episodes, 64 px front camera, 3 cups,
+It collects outputs/multimodal/dataset.zarr first if it is not there (300 expert episodes, 64 px front camera, 3 cups,
 train paraphrases). Each arm trains the preset (``--config``, default configs/grasp_multimodal_cpu.yaml) with one
 change, then is evaluated on seeds 100000.. with train and with held-out instruction paraphrases:
 
@@ -186,7 +186,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "grasp_multimodal_cpu.yaml")
     ap.add_argument("--dataset", type=Path, default=DATASET)
-    ap.add_argument("--collect-episodes", type=int, default=500)
+    ap.add_argument("--collect-episodes", type=int, default=300)
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--arms", nargs="+", default=["main"], choices=list(ARMS))
     ap.add_argument("--steps", type=int, default=0, help="override the preset's steps (0: keep them)")

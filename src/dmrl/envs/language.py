@@ -19,12 +19,6 @@ TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
             "move the {c} mug to the pad",
             "put the {c} cup on the yellow pad",
             "take the {c} cup and drop it on the mat",
-            "lift the {c} cup and set it down on the pad",
-            "bring the {c} mug to the mat",
-            "get the {c} cup onto the pad",
-            "the {c} mug goes on the mat",
-            "pick the {c} cup up and leave it on the pad",
-            "please put the {c} mug on the mat",
         ),
         "heldout": (
             "could you transfer the {c} tumbler over to the landing zone",
