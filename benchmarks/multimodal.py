@@ -86,7 +86,7 @@ COLUMNS = [
 ]
 
 
-def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
+def collect_if_missing(path: Path, episodes: int, image_size: int, check_size: bool = True) -> None:
     from dmrl.envs.collect import CollectConfig, collect
 
     if not path.exists():
@@ -98,7 +98,7 @@ def collect_if_missing(path: Path, episodes: int, image_size: int) -> None:
     store = EpisodeStore.open(path)
     if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
-    if store.n_episodes != episodes:  # a finished run on it would be reused as if trained on the asked-for data
+    if check_size and store.n_episodes != episodes:  # else a finished run on it would be reused as if trained on it
         sys.exit(
             f"--dataset {path}: holds {store.n_episodes} episodes, --collect-episodes asks for {episodes}; "
             f"delete it to recollect, or pass --collect-episodes {store.n_episodes}"
@@ -212,7 +212,8 @@ def main() -> None:
 
     if args.smoke and args.dataset == DATASET:  # never the real dataset: its size is checked against the flags
         args.dataset = args.out / "smoke_dataset.zarr"
-    collect_if_missing(args.dataset, 3 if args.smoke else args.collect_episodes, 16 if args.smoke else args.image_size)
+    n, size = (3, 16) if args.smoke else (args.collect_episodes, args.image_size)
+    collect_if_missing(args.dataset, n, size, check_size=not args.smoke)  # --smoke writes no results: any size runs
     rows: list[dict] = []
     for arm in args.arms:
         cfg = arm_config(args, arm)

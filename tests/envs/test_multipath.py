@@ -11,6 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 from dmrl.envs import ENV_IDS, arm, make_env
 from dmrl.envs.geometry import route_distance
+from dmrl.envs.language import TEMPLATES
 from dmrl.envs.render import DEPTH_MAX
 
 
@@ -87,8 +88,6 @@ def test_paraphrase_splits_are_disjoint():
 
 def test_heldout_paraphrases_share_only_function_words_with_train():
     # The held-out split tests the language model's semantics: none of its verbs or nouns may occur in train.
-    from dmrl.envs.language import TEMPLATES
-
     def words(templates):
         return {w for t in templates for w in re.findall(r"[a-z]+", t.format(c=""))}
 
