@@ -260,6 +260,21 @@ def test_modality_dropout_keeps_one_and_is_off_in_eval() -> None:
     assert torch.equal(out.tokens, enc(obs).tokens)
 
 
+def test_instruction_token_dropout_varies_the_instruction_in_training_only() -> None:
+    obs = make_obs()
+    plain = make_encoder(("joints", "instruction"))
+    enc = make_encoder(("joints", "instruction"), instruction_token_dropout=0.5)
+    ref = plain.eval()(obs).pooled
+    assert torch.equal(plain.train()(obs).pooled, ref)  # nothing else in this encoder is random in training
+    torch.manual_seed(3)
+    outs = [enc.train()(obs) for _ in range(6)]
+    assert all(o.present["instruction"].all() for o in outs)  # every sample keeps at least one token
+    # "go" has one token, always kept: that sample never changes; the longer instructions do.
+    assert all(torch.allclose(o.pooled[2], ref[2]) for o in outs)
+    assert any(not torch.allclose(o.pooled[:2], ref[:2]) for o in outs)
+    assert torch.equal(enc.eval()(obs).pooled, ref)  # off in evaluation
+
+
 @pytest.mark.parametrize("rgb_encoder", ["vit", "resnet"])
 def test_grad_checkpointing_gives_same_gradients(rgb_encoder: str) -> None:
     grads = []
@@ -300,6 +315,7 @@ def test_config_errors_are_one_line() -> None:
         lambda: MultimodalEncoderConfig(modalities=("rgb", "lidar")),
         lambda: MultimodalEncoderConfig(fusion="sum"),
         lambda: MultimodalEncoderConfig(modality_dropout=1.0),
+        lambda: MultimodalEncoderConfig(instruction_token_dropout=-0.1),
         lambda: ViTEncoder(ViTConfig(**TINY_VIT), image_size=(30, 32)),
         lambda: MultimodalEncoder(MultimodalEncoderConfig(modalities=("joints", "instruction"))),
         lambda: MultimodalEncoder(MultimodalEncoderConfig(modalities=("joints",)), FakeText()),

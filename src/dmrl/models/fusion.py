@@ -185,6 +185,12 @@ class MultimodalEncoderConfig:
     """Hidden width of the concat fusion's MLP."""
     modality_dropout: float = 0.0
     """Training only: per sample, each modality is masked out with this probability; one always stays."""
+    instruction_token_dropout: float = 0.0
+    """Training only: per sample, each of the instruction's real tokens (MiniLM's contextual outputs) is masked out
+    with this probability, one always staying: word dropout, applied before every use of the instruction (its
+    tokens in the fusion, its mean for the queries and FiLM). With a frozen MiniLM a few train paraphrases are a
+    few fixed points, which the layers after it can memorise; held-out paraphrases move every token but the
+    colour's, and dropout shows the policy means over varied token subsets instead."""
     instruction_queries: bool = False
     """Perceiver only: the instruction's mean token, through a linear map, is added to every latent query, so one
     cross-attention can read the image conditionally (find the named cup). With fixed queries the latents can only
@@ -220,13 +226,14 @@ class MultimodalEncoderConfig:
             raise ValueError(f"MultimodalEncoderConfig.rgb_encoder: got {self.rgb_encoder!r}; allowed vit or resnet")
         if self.fusion not in FUSIONS:
             raise ValueError(f"MultimodalEncoderConfig.fusion: got {self.fusion!r}; allowed {' or '.join(FUSIONS)}")
-        if not 0.0 <= self.modality_dropout < 1.0:
-            raise ValueError(f"MultimodalEncoderConfig.modality_dropout: got {self.modality_dropout}; allowed [0, 1)")
+        for key in ("modality_dropout", "instruction_token_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"MultimodalEncoderConfig.{key}: got {getattr(self, key)}; allowed [0, 1)")
 
 
 def drop_modalities(keep: Tensor, p: float) -> Tensor:
-    """Modality dropout: keep (B, n) bool -> keep with each True entry dropped with probability p, except that a
-    sample which had any modality keeps at least one (a random one of those it had). Branch-free."""
+    """Modality (or token) dropout: keep (B, n) bool -> keep with each True entry dropped with probability p,
+    except that a sample which had any True entry keeps at least one (a random one of those). Branch-free."""
     dropped = keep & ~(torch.rand(keep.shape, device=keep.device) < p)
     score = torch.where(keep, torch.rand(keep.shape, device=keep.device), -1.0)
     rescue = F.one_hot(score.argmax(dim=1), keep.shape[1]).bool() & keep  # one random available modality
@@ -389,7 +396,10 @@ class MultimodalEncoder(nn.Module):
         encoded: dict[str, tuple[Tensor, Tensor]] = {}
         film = None  # (B, 2C) FiLM of the rgb features; zero (identity) where the instruction is masked or dropped
         if "instruction" in blanked:  # first: its FiLM of the image features (instruction_film) needs it
-            encoded["instruction"] = tokens, mask = self._encode("instruction", blanked["instruction"])
+            tokens, mask = self._encode("instruction", blanked["instruction"])
+            if self.training and c.instruction_token_dropout > 0:
+                mask = drop_modalities(mask, c.instruction_token_dropout)
+            encoded["instruction"] = tokens, mask
             if self.film is not None:
                 i = c.modalities.index("instruction")
                 film = self._from_instruction(self.film, tokens, mask & keep[:, i, None].to(mask.device))
