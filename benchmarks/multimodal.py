@@ -83,6 +83,7 @@ COLUMNS = [
     "xy_error_cm",
     "train_minutes",
     "samples_per_s",
+    "git_commit",
 ]
 
 
