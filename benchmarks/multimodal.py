@@ -215,6 +215,12 @@ def main() -> None:
         args.dataset = args.out / "smoke_dataset.zarr"
     n, size = (3, 16) if args.smoke else (args.collect_episodes, args.image_size)
     collect_if_missing(args.dataset, n, size, check_size=not args.smoke)  # --smoke writes no results: any size runs
+    # The commit is read before training: the tree may change (docs, other work) while an arm trains for an hour.
+    info = {
+        **machine(),
+        "command": "python benchmarks/multimodal.py " + " ".join(sys.argv[1:]),
+        "preset": str(args.config),
+    }
     rows: list[dict] = []
     for arm in args.arms:
         cfg = arm_config(args, arm)
@@ -234,8 +240,6 @@ def main() -> None:
         new = {r["entry"] for r in rows}
         kept = [r for r in json.loads(old.read_text()).get("results", []) if r.get("entry") not in new]
         rows = kept + rows
-    command = "python benchmarks/multimodal.py " + " ".join(sys.argv[1:])
-    info = {**machine(), "command": command, "preset": str(args.config)}
     for r in rows:  # rows kept from an earlier invocation keep its command and commit
         r.setdefault("command", info["command"])
         r.setdefault("git_commit", info["git_commit"])
