@@ -12,15 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dmrl.models.fusion import (
-    MODALITIES,
-    ConcatFusion,
-    MultimodalEncoder,
-    MultimodalEncoderConfig,
-    PerceiverConfig,
-    PerceiverFusion,
-    drop_modalities,
-)
+from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
+from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig, drop_modalities
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
 from dmrl.models.vision import (
     DepthConfig,

@@ -12,15 +12,9 @@ from dmrl.models.denoisers import (
     UNet1DDenoiserConfig,
     build_denoiser,
 )
-from dmrl.models.fusion import (
-    ConcatFusion,
-    EncoderOutput,
-    MultimodalEncoder,
-    MultimodalEncoderConfig,
-    PerceiverConfig,
-    PerceiverFusion,
-)
+from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
 from dmrl.models.language import LanguageConfig, LanguageEncoder  # cheap: transformers loads on first build
+from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
 from dmrl.models.vision import DepthConfig, DepthEncoder, ResNet18GN, ResNetGNConfig, ViTConfig, ViTEncoder
 

@@ -18,8 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from dmrl.data import Normalizer
-from dmrl.models.fusion import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
 from dmrl.models.language import LanguageConfig
+from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
 from dmrl.models.proprio import LowDimEncoder, LowDimEncoderConfig
 from dmrl.policies.observations import (
     VECTOR_KEYS,

@@ -24,7 +24,7 @@ from dmrl.diffusion import (
     sample_training_inputs,
 )
 from dmrl.models import DENOISERS, build_denoiser
-from dmrl.models.fusion import EncoderOutput
+from dmrl.models.multimodal import EncoderOutput
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.observations import ObsDim
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dmrl.models.fusion import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig
 from dmrl.models.language import LanguageConfig, LanguageEncoder
+from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig
 from dmrl.models.proprio import LowDimEncoder
 from dmrl.types import OBS_MODES
 
