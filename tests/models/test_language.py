@@ -163,6 +163,47 @@ def test_frozen_uses_cache_and_gets_no_minilm_grads(loaded: Loaded) -> None:
         enc.zero_grad(set_to_none=True)
 
 
+def test_trainable_layers_run_on_the_cached_prefix_exactly(loaded: Loaded) -> None:
+    """trainable_layers=1 runs only layer 5 per batch: output and gradients equal MiniLM's own full forward."""
+    enc = loaded.top
+    enc.clear_cache()
+    texts = [RED, BLUE, RED, "go"]
+    batch = enc.tokenize(texts)
+    direct = enc.minilm(**batch).last_hidden_state
+    weight = torch.randn(direct.shape, generator=torch.Generator().manual_seed(1))
+    enc.zero_grad(set_to_none=True)
+    (direct * weight).sum().backward()
+    reference = {n: p.grad.clone() for n, p in enc.minilm.named_parameters() if p.grad is not None}
+    enc.zero_grad(set_to_none=True)
+    try:
+        hidden, mask = enc.hidden_states(texts)
+        assert enc.cache_len == 3, "the frozen prefix is cached once per unique instruction"
+        assert torch.equal(mask, batch["attention_mask"].bool())
+        assert (hidden - direct).abs().max().item() < 1e-5
+        (hidden * weight).sum().backward()
+        grads = {n: p.grad for n, p in enc.minilm.named_parameters() if p.grad is not None}
+        assert set(grads) == set(reference) and all(n.startswith("encoder.layer.5.") for n in grads)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, reference[name], atol=1e-5, rtol=1e-4)
+        assert len(enc.minilm.encoder.layer) == 6, "the layer list is restored after the call"
+        enc.zero_grad(set_to_none=True)
+        enc.config.dedupe = False  # all B rows through layer 5: same output and gradients as the 3 distinct rows
+        hidden_all, _ = enc.hidden_states(texts)
+        assert (hidden_all - hidden).abs().max().item() < 1e-5
+        (hidden_all * weight).sum().backward()
+        for name, p in enc.minilm.named_parameters():
+            assert (p.grad is None) == (name not in grads)
+            if p.grad is not None:
+                torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4)
+        with pytest.raises(RuntimeError):
+            enc._trainable_suffix(torch.zeros(4, 16, 7), mask)  # wrong width: fails inside the swapped forward
+        assert len(enc.minilm.encoder.layer) == 6, "... and after an error"
+        assert not enc.minilm.embeddings._forward_hooks
+    finally:
+        enc.config.dedupe = True
+        enc.zero_grad(set_to_none=True)
+
+
 def test_cache_matches_direct_path_and_is_lru(loaded: Loaded) -> None:
     texts = [RED, GRAB_RED, BLUE, "go"]
     with torch.no_grad():
@@ -205,7 +246,7 @@ def test_eval_mode_minilm_and_state_dict(loaded: Loaded) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("out_dim", 0), ("max_tokens", 2), ("max_tokens", 1000), ("trainable_layers", 7), ("trainable_layers", -1),
-     ("trainable_layers", True), ("cache_size", 0), ("model_path", "")],
+     ("trainable_layers", True), ("cache_size", 0), ("model_path", ""), ("dedupe", 1)],
 )  # fmt: skip
 def test_bad_config_one_line_error(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=re.escape(f"LanguageConfig.{field}: got")) as err:

