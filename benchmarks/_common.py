@@ -28,8 +28,14 @@ def machine() -> dict:
         mujoco_version = None
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        # A result measured with uncommitted changes says so: -dirty when tracked files differ from HEAD.
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+        # A result measured with uncommitted changes says so: -dirty when tracked files differ from HEAD. Results
+        # files are outputs, not code: a chained run (one arm's results not yet committed) is not dirty for them.
+        dirty = (
+            subprocess.run(
+                ["git", "diff", "--quiet", "HEAD", "--", ".", ":(exclude)benchmarks/results"], capture_output=True
+            ).returncode
+            != 0
+        )
         commit += "-dirty" if commit and dirty else ""
     except OSError:
         commit = ""
