@@ -208,18 +208,19 @@ class LanguageEncoder(nn.Module):
         trainable_layers 1 that is one layer of six instead of all of them.
         """
         device = self.proj.weight.device
-        unique = list(dict.fromkeys(instructions))
-        if self.config.trainable_layers == 0 or not self.config.dedupe or len(unique) == len(instructions):
-            prefix, mask = self._frozen_prefix(instructions)
-            prefix, mask = prefix.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-            return (prefix if self.config.trainable_layers == 0 else self._trainable_suffix(prefix, mask)), mask
-        # Distinct rows only, gathered back to B: indexing's backward sums each row's gradients, so training sees
-        # exactly the gradients of the B-row computation.
-        prefix, mask = self._frozen_prefix(unique)
-        prefix, mask = prefix.to(device, non_blocking=True), mask.to(device, non_blocking=True)
-        row = {text: i for i, text in enumerate(unique)}
-        index = torch.tensor([row[text] for text in instructions], device=device)
-        return self._trainable_suffix(prefix, mask)[index], mask[index]
+        trainable = self.config.trainable_layers > 0
+        rows = list(dict.fromkeys(instructions)) if trainable and self.config.dedupe else list(instructions)
+        hidden, mask = self._frozen_prefix(rows)
+        hidden, mask = hidden.to(device, non_blocking=True), mask.to(device, non_blocking=True)
+        if trainable:
+            hidden = self._trainable_suffix(hidden, mask)
+        if len(rows) == len(instructions):
+            return hidden, mask
+        # Distinct rows gathered back to B: indexing's backward sums each row's gradients, so training sees exactly
+        # the gradients of the B-row computation.
+        position = {text: i for i, text in enumerate(rows)}
+        index = torch.tensor([position[text] for text in instructions], device=device)
+        return hidden[index], mask[index]
 
     def _frozen_prefix(self, instructions: list[str]) -> tuple[Tensor, Tensor]:
         """(B, L, hidden) float32 output of the frozen part and (B, L) mask, both on CPU, from the per-string cache."""
