@@ -490,6 +490,33 @@ def test_instruction_queries_make_the_latents_read_depend_on_the_instruction() -
     assert torch.isfinite(masked.tokens).all()
 
 
+def test_instruction_attention_pool_starts_as_the_mean_and_reads_only_valid_tokens() -> None:
+    obs = make_obs()
+    mean = make_encoder(("rgb", "instruction")).eval()
+    attn = make_encoder(("rgb", "instruction"), instruction_pool="attention").eval()
+    assert not hasattr(mean, "text_pool")
+    attn.load_state_dict(mean.state_dict() | {"text_pool": attn.text_pool.detach()})
+    with torch.no_grad():
+        torch.testing.assert_close(attn(obs).tokens, mean(obs).tokens, rtol=0, atol=1e-6)  # zero query: the mean
+        torch.nn.init.normal_(attn.text_pool, std=3.0)
+        learned = attn(obs)
+        tokens, mask = attn._encode("instruction", obs["instruction"])
+        garbage = torch.where(mask[..., None], tokens, torch.full_like(tokens, 1e4))  # padding changed wildly
+        q = attn._from_instruction(attn.text_query, tokens, mask)
+        assert torch.equal(q, attn._from_instruction(attn.text_query, garbage, mask))
+        none = attn._from_instruction(attn.text_query, tokens, torch.zeros_like(mask))
+    assert not torch.allclose(learned.tokens, mean(obs).tokens)
+    assert torch.equal(none, torch.zeros_like(none))
+    # A sample with no valid token gives finite gradients to the pooling query.
+    attn.train()
+    out = attn(obs, present={"instruction": torch.tensor([True, False, True])})
+    out.pooled.square().sum().backward()
+    assert attn.text_pool.grad is not None and torch.isfinite(attn.text_pool.grad).all()
+    assert attn.text_pool.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="instruction_pool"):
+        MultimodalEncoderConfig(instruction_pool="max")
+
+
 def test_instruction_film_moves_only_the_rgb_features_and_respects_masks() -> None:
     fine = ResNetGNConfig(widths=(8, 8, 16, 16), n_keypoints=5, stem_pool=False, stage_strides=(1, 2, 2, 1))
     enc = make_encoder(("rgb", "instruction"), rgb_encoder="resnet", resnet=fine, instruction_film=True).eval()

@@ -87,6 +87,11 @@ class MultimodalEncoderConfig:
     """rgb_encoder resnet only: FiLM (RT-1, BC-Z) of the last ResNet feature map by the instruction's mean token,
     features * (1 + gamma) + beta, before the spatial softmax: the keypoints themselves can move to the named cup.
     Zero-initialised (the plain encoder at start); a masked or missing instruction leaves the features alone."""
+    instruction_pool: str = "mean"
+    """How the instruction becomes one vector for the queries and FiLM: mean (of its valid tokens) or attention (a
+    learned query, softmax over the valid tokens; zero-initialised, so it starts as the mean). Only the colour word
+    names the cup; a mean mixes it with every other word, and held-out paraphrases change those words, while
+    attention can learn to read the colour's token alone."""
     proprio_skip: bool = False
     """Also add a linear map of the To frames of joints and force straight onto the fused output (every latent and
     the pooled vector), as Diffusion Policy concatenates low-dim state to its image features. Without it the arm's
@@ -111,6 +116,10 @@ class MultimodalEncoderConfig:
             )
         if self.rgb_encoder not in ("vit", "resnet"):
             raise ValueError(f"MultimodalEncoderConfig.rgb_encoder: got {self.rgb_encoder!r}; allowed vit or resnet")
+        if self.instruction_pool not in ("mean", "attention"):
+            raise ValueError(
+                f"MultimodalEncoderConfig.instruction_pool: got {self.instruction_pool!r}; allowed mean or attention"
+            )
         if self.fusion not in FUSIONS:
             raise ValueError(f"MultimodalEncoderConfig.fusion: got {self.fusion!r}; allowed {' or '.join(FUSIONS)}")
         for key in ("modality_dropout", "instruction_token_dropout"):
@@ -168,6 +177,8 @@ class MultimodalEncoder(nn.Module):
             self.text_embed = nn.Parameter(torch.zeros(d))  # modality embedding (an instruction has no frames)
             nn.init.trunc_normal_(self.text_embed, std=0.02)
             self.n_tokens["instruction"] = 1
+            if c.instruction_pool == "attention":
+                self.text_pool = nn.Parameter(torch.zeros(d))  # zero: uniform weights, the mean, at start
             if c.instruction_queries and c.fusion == "perceiver":
                 self.text_query = nn.Linear(d, d)
         elif text_encoder is not None:
@@ -227,15 +238,24 @@ class MultimodalEncoder(nn.Module):
         keep = flags.to(device=value.device, dtype=torch.bool).view(-1, *([1] * (value.ndim - 1)))
         return torch.where(keep, value, torch.zeros((), dtype=value.dtype, device=value.device))
 
-    @staticmethod
-    def _from_instruction(linear: nn.Module, tokens: Tensor, mask: Tensor) -> Tensor:
-        """linear(mean of the valid instruction tokens) (B, out), exactly zero for a sample with none valid.
+    def _from_instruction(self, linear: nn.Module, tokens: Tensor, mask: Tensor) -> Tensor:
+        """linear(pool of the valid instruction tokens) (B, out), exactly zero for a sample with none valid.
 
         tokens (B, L, D), mask (B, L) bool with every exclusion already in it (caller masks, modality dropout,
-        a missing key), so a masked instruction contributes nothing through this path either."""
+        a missing key), so a masked instruction contributes nothing through this path either. The pool is the
+        mean, or with instruction_pool attention a softmax over the valid tokens (in fp32, as the fusion's)."""
         m = mask[..., None]
         zero = torch.zeros((), dtype=tokens.dtype, device=tokens.device)
-        out = linear(torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype))
+        if hasattr(self, "text_pool"):
+            scores = (tokens.float() @ self.text_pool.float()) / tokens.shape[-1] ** 0.5  # (B, L)
+            # A finite fill, not -inf: a sample with no valid token gets finite weights (zeroed below), so no NaN
+            # reaches text_pool's gradient through the softmax.
+            weights = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), dim=1)
+            weights = torch.where(mask, weights, torch.zeros((), device=weights.device))
+            pooled = (weights[..., None] * tokens.float()).sum(1).to(tokens.dtype)
+        else:
+            pooled = torch.where(m, tokens, zero).sum(1) / m.sum(1).clamp_min(1).to(tokens.dtype)
+        out = linear(pooled)
         return torch.where(mask.any(1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
 
     def _proprio_skip(self, blanked: Mapping[str, Tensor | Sequence[str]], keep: Tensor, ref: Tensor) -> Tensor:
