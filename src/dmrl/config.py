@@ -249,6 +249,10 @@ class TrainConfig:
             )
         if self.algo != "bc" and self.chunk.aux_state:
             raise ValueError(f"--chunk.aux-state: an auxiliary state loss is for --algo bc (got --algo {self.algo})")
+        if self.algo != "bc" and self.chunk.pad_after is not None:
+            raise ValueError(
+                f"--chunk.pad-after: for --algo bc; offline RL's chunk transitions keep Ta - 1 (got --algo {self.algo})"
+            )
         if self.init is not None and self.algo == "bc":
             raise ValueError(
                 "--init starts an offline-RL actor from a checkpoint: use it with --algo diffusion-ql or td3-bc"

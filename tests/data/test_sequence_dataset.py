@@ -40,9 +40,11 @@ def indexed_store(store_path):
     return store
 
 
-def _dp_reference(length: int, To: int, Tp: int, Ta: int) -> list[tuple[list[int], list[bool]]]:
+def _dp_reference(
+    length: int, To: int, Tp: int, Ta: int, pad_after: int | None = None
+) -> list[tuple[list[int], list[bool]]]:
     """diffusion_policy create_indices + sample_sequence, reduced to (step indices, not-padded) per window."""
-    pad_before, pad_after = min(To - 1, Tp - 1), min(Ta - 1, Tp - 1)
+    pad_before, pad_after = min(To - 1, Tp - 1), min(Ta - 1 if pad_after is None else pad_after, Tp - 1)
     out = []
     for idx in range(-pad_before, length - Tp + pad_after + 1):
         b0, b1 = max(idx, 0), min(idx + Tp, length)
@@ -82,6 +84,26 @@ def test_windows_match_diffusion_policy_sampler(indexed_store, To, Tp, Ta):
         assert item["action"][:, 0].tolist() == values
         assert item["obs"]["state"][:, 0].tolist() == values[:To]
         assert item["action_mask"].tolist() == mask
+
+
+@pytest.mark.parametrize(("To", "Tp", "Ta", "pad_after"), [(2, 4, 2, 2), (2, 16, 8, 14), (1, 3, 1, 0), (3, 8, 4, 5)])
+def test_pad_after_windows_match_the_sampler_and_reach_the_last_step(indexed_store, To, Tp, Ta, pad_after):
+    ds = SequenceDataset(
+        indexed_store, ["state"], horizon_obs=To, horizon_pred=Tp, horizon_exec=Ta, pad_after=pad_after
+    )
+    expected = [(e, w) for e, L in enumerate([5, 3, 9]) for w in _dp_reference(L, To, Tp, Ta, pad_after)]
+    assert len(ds) == len(expected)
+    for i, (e, (window, mask)) in enumerate(expected):
+        item = ds[i]
+        assert item["action"][:, 0].tolist() == (np.asarray(window) + 100 * e).tolist()
+        assert item["action_mask"].tolist() == mask
+    if pad_after == Tp - To:  # every step of every episode is some window's current step (obs index To-1)
+        current = {(int(ds[i]["episode"]), int(ds[i]["obs"]["state"][-1, 0]) % 100) for i in range(len(ds))}
+        assert current == {(e, t) for e, L in enumerate([5, 3, 9]) for t in range(L)}
+    with pytest.raises(ValueError, match="pad_after"):
+        SequenceDataset(
+            indexed_store, ["state"], horizon_obs=To, horizon_pred=Tp, horizon_exec=Ta, pad_after=Tp - To + 1
+        )
 
 
 def test_instruction_normalizer_and_errors(indexed_store):

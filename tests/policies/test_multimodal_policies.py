@@ -333,9 +333,11 @@ def test_aux_state_policy_acts_without_state_and_round_trips(tmp_path, text):
         ({"aux_state": (1, 1)}, "distinct indices"),
         ({"aux_state": (-1,)}, "distinct indices"),
         ({"aux_state": (1,), "aux_weight": -1.0}, "aux_weight"),
+        ({"pad_after": 15}, "chunk.pad_after"),  # Tp - To = 14 at the defaults
+        ({"pad_after": -1}, "chunk.pad_after"),
     ],
 )
-def test_bad_aux_state_settings_are_one_line_errors(kwargs, match):
+def test_bad_chunk_training_settings_are_one_line_errors(kwargs, match):
     kwargs = {"obs_keys": ("joints",), **kwargs}
     with pytest.raises(ValueError, match=match) as err:
         ChunkConfig(**kwargs)

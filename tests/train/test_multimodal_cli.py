@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 import torch
 
 from dmrl.cli import main
+from dmrl.data import EpisodeStore, split_episodes
 
 MODES = ["rgb", "depth", "joints", "force", "instruction"]
 # A tiny multimodal policy: ViT and depth ViT of one block, 4 Perceiver latents, D = 32, frozen MiniLM.
@@ -46,7 +48,7 @@ def run(tmp_path_factory) -> Iterator:
     collect = ["collect", "--out", str(data), "--episodes", "3", "--workers", "0", "--image-size", "16"]
     assert main([*collect, "--obs-modes", *MODES, "state"]) == 0  # state: the auxiliary targets only
     train = ["train", "--dataset", str(data), "--out", str(out), "--steps", "4", "--batch-size", "8"]
-    assert main([*train, "--val-every", "2", "--chunk.aux-state", "7", "8", "9", *TINY]) == 0
+    assert main([*train, "--val-every", "2", "--chunk.aux-state", "7", "8", "9", "--chunk.pad-after", "6", *TINY]) == 0
     yield out
     torch.set_num_threads(before)
 
@@ -60,6 +62,12 @@ def test_train_saves_a_self_contained_multimodal_checkpoint(run):
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 4 and "val_loss" in lines[-1]
     assert cfg["chunk"]["aux_state"] == [7, 8, 9] and all(x["aux"] > 0 for x in lines if "loss" in x)
+    # pad_after = Tp - To (8 - 2 in TINY): one window per step of the training episodes
+    summary = json.loads((run / "summary.json").read_text())
+    lengths = np.diff(EpisodeStore.open(run.parent / "d.zarr", "r").episode_ends, prepend=0)
+    run_cfg = json.loads((run / "config.json").read_text())
+    train_eps, _ = split_episodes(len(lengths), run_cfg["val_fraction"], run_cfg["seed"])
+    assert summary["train_episodes"] == len(train_eps) and summary["train_windows"] == lengths[train_eps].sum()
 
 
 def test_eval_with_all_modalities_and_with_depth_dropped(run, capsys):

@@ -104,6 +104,7 @@ def test_td3_bc_runs_and_resumes_exactly(tmp_path, dataset):
         (["train", "--algo", "td3-bc"], "--policy gaussian"),
         (["train", "--init", "/nonexistent/ckpt"], "--init"),
         (["train", "--diffusion-ql.eta-schedule", "cosine"], "eta_schedule"),
+        (["train", "--algo", "diffusion-ql", "--chunk.pad-after", "14"], "--chunk.pad-after"),
     ],
 )
 def test_bad_offline_rl_input_is_one_line(args, match, capsys):

@@ -2,7 +2,11 @@
 
 Convention (real-stanford/diffusion_policy `SequenceSampler` with sequence_length=Tp, pad_before=To-1,
 pad_after=Ta-1): a sample is a window of Tp consecutive steps starting at step s of its episode (length L),
-for every s in -(To-1) .. L-Tp+(Ta-1), i.e. L - Tp + To + Ta - 1 windows per episode (none if that is <= 0).
+for every s in -(To-1) .. L-Tp+P, P = pad_after (default Ta-1), i.e. L - Tp + To + P windows per episode (none
+if that is <= 0). With the default the last Tp-To-Ta+1 steps of an episode are never a window's current step;
+that is harmless where an episode runs on past its last decision, but where it ends on one (MultiPath ends
+the step after the cup is released) the policy never sees the states just before that decision. P = Tp-To
+makes every step a current step once (the extra windows' missing actions are masked like any padding).
 
     obs     = frames s .. s+To-1          the current step is t = s+To-1
     action  = actions s .. s+Tp-1         i.e. t-To+1 .. t-To+Tp; the policy executes action[To-1 : To-1+Ta]
@@ -61,12 +65,16 @@ class SequenceDataset(Dataset):
         episodes: Sequence[int] | np.ndarray | None = None,
         normalizer: Normalizer | None = None,
         cache_images: bool = False,
+        pad_after: int | None = None,
     ) -> None:
         To, Tp, Ta = horizon_obs, horizon_pred, horizon_exec
         if To < 1 or Tp < To or not 1 <= Ta <= Tp - To + 1:
             raise ValueError(
                 f"horizons: got To={To}, Tp={Tp}, Ta={Ta}; need To >= 1, Tp >= To and 1 <= Ta <= Tp - To + 1"
             )
+        self.pad_after = Ta - 1 if pad_after is None else int(pad_after)
+        if not 0 <= self.pad_after <= Tp - To:
+            raise ValueError(f"pad_after: got {pad_after}; allowed None (Ta - 1) or 0 .. Tp - To = {Tp - To}")
         self._store: EpisodeStore | None = store if isinstance(store, EpisodeStore) else None
         store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
         self.path = store.path
@@ -104,17 +112,17 @@ class SequenceDataset(Dataset):
         if len(self._index) == 0:
             raise ValueError(
                 f"SequenceDataset: no windows; episodes {self.episodes.tolist()[:8]} of {store.path} are all "
-                f"shorter than Tp - To - Ta + 2 = {Tp - To - Ta + 2} steps"
+                f"shorter than Tp - To - pad_after + 1 = {Tp - To - self.pad_after + 1} steps"
             )
 
     def _build_index(self, ends: np.ndarray) -> np.ndarray:
         """(S, 4) int64 rows of (episode, episode start step, episode length, window start s)."""
-        To, Tp, Ta = self.horizon_obs, self.horizon_pred, self.horizon_exec
+        To, Tp = self.horizon_obs, self.horizon_pred
         rows = []
         for e in self.episodes.tolist():
             start = int(ends[e - 1]) if e else 0
             length = int(ends[e]) - start
-            s = np.arange(-(To - 1), length - Tp + (Ta - 1) + 1)
+            s = np.arange(-(To - 1), length - Tp + self.pad_after + 1)
             rows.append(np.stack([np.full_like(s, e), np.full_like(s, start), np.full_like(s, length), s], 1))
         return np.concatenate(rows).astype(np.int64) if rows else np.zeros((0, 4), np.int64)
 

@@ -61,6 +61,10 @@ class ChunkConfig:
     cup's position, 7 8 9 in MultiPath). The policy never reads state: evaluation and export ignore the head."""
     aux_weight: float = 1.0
     """Weight of the auxiliary loss (MSE on the normalised state entries) added to the policy's loss."""
+    pad_after: int | None = None
+    """Training windows: how many steps a window's actions may run past its episode's end (padded and masked from
+    the loss). None: Ta - 1, Diffusion Policy's convention, under which the last Tp - To - Ta + 1 steps of an
+    episode are never a current step; Tp - To: every step is (see data.sequence). Evaluation ignores it."""
 
     def __post_init__(self) -> None:
         self.obs_keys = tuple(self.obs_keys)
@@ -72,6 +76,11 @@ class ChunkConfig:
             raise ValueError(f"chunk.aux_state: got {list(self.aux_state)}; allowed distinct indices >= 0")
         if not self.aux_weight >= 0.0:
             raise ValueError(f"chunk.aux_weight: got {self.aux_weight}; allowed >= 0")
+        if self.pad_after is not None and not 0 <= self.pad_after <= self.horizon - self.n_obs_steps:
+            raise ValueError(
+                f"chunk.pad_after: got {self.pad_after}; allowed null (Ta - 1) or 0 .. Tp - To = "
+                f"{self.horizon - self.n_obs_steps}"
+            )
         ti = self.multimodal.image_obs_steps
         if ti is not None and ti > self.n_obs_steps:
             raise ValueError(

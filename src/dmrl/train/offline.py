@@ -206,6 +206,7 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         horizon_pred=c.horizon,
         horizon_exec=c.n_action_steps,
         cache_images=cfg.cache_images,
+        pad_after=c.pad_after,
     )
     train_ds = SequenceDataset(store, episodes=train_eps, **ds_kw)
     # The validation set is a few batches: read from the store, not a second in-memory copy of every image.
@@ -302,7 +303,8 @@ def _train_bc(cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: b
         "precision": engine.precision,
         "world_size": engine.dist.world_size,
     }
-    summary = {**summary, **meta}
+    # Which episodes and how many windows it trained on (chunk.pad_after changes the count).
+    summary = {**summary, **meta, "train_episodes": len(train_eps), "train_windows": len(train_ds)}
     if not main:
         return summary
     save_policy(out / "checkpoint", ema.model, meta)
