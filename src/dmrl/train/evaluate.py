@@ -93,8 +93,10 @@ def check_drop(policy: ChunkPolicy, drop: tuple[str, ...]) -> tuple[str, ...]:
 
 def set_action_steps(policy: ChunkPolicy, n: int) -> None:
     """Execute ``n`` actions of each chunk before replanning (Ta) instead of the trained setting. Every BC window
-    predicts all Tp actions (Ta only sets how far windows reach past an episode's end), so this is an
-    inference-time choice: fewer steps close the loop more often and plan more often."""
+    predicts all Tp actions, so this is an inference-time choice: fewer steps close the loop more often and plan
+    more often. One catch: unless the policy trained with ``chunk.pad_after`` Tp - To, its windows stopped Ta - 1
+    steps past each episode's end, so its last steps were never a current step; a smaller Ta then replans from
+    states it never learned to act in (MultiPath: the release, see benchmarks/release_timing.py)."""
     c = policy.chunk
     top = c.horizon - c.n_obs_steps + 1
     if not 1 <= n <= top:
