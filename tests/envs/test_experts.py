@@ -72,3 +72,59 @@ def test_info_reports_the_held_cup_in_grasp_only():
     assert all(h == info["target"] for h in held[first : first + len(carried)])
     reach = make_env("dmrl/MultiPathReach-v0", obs_modes=("state",))
     assert "held" not in reach.reset(seed=3)[1]
+
+
+def _roll(env, expert, seed):
+    """(executed actions, labels, attached-cup per step, final info) of one episode with labels read first."""
+    env.reset(seed=seed)
+    expert.rng = np.random.default_rng((seed, 0xE))
+    expert.reset()
+    acts, labels, held = [], [], []
+    while True:
+        labels.append(expert.label())
+        acts.append(expert.act())
+        *_, term, trunc, info = env.step(acts[-1])
+        held.append(env.task_state().attached)
+        if term or trunc:
+            return np.array(acts), np.array(labels), np.array(held), info
+
+
+def test_labels_equal_actions_for_the_unperturbed_expert():
+    env = make_env("dmrl/MultiPathGrasp-v0", obs_modes=("state",))
+    for seed in range(3):
+        acts, labels, _, info = _roll(env, ScriptedExpert(env), seed)
+        assert info["is_success"]
+        np.testing.assert_array_equal(acts, labels)
+
+
+def test_a_deliberate_miss_is_retried_and_labelled_with_the_true_cup():
+    """miss_prob 1: the first suction-on descent grabs nothing, the expert lifts, notices and grasps again; the
+    labels of the steps after the miss say "suction off, back toward the named cup" while the executed lift
+    goes on up with suction on."""
+    env = make_env("dmrl/MultiPathGrasp-v0", obs_modes=("state",))
+    clean_first = []
+    for seed in range(20):
+        acts, _, held, info = _roll(env, ScriptedExpert(env), seed)
+        clean_first.append(int(np.flatnonzero(held >= 0)[0]))
+    succeeded, relabelled = 0, 0
+    for seed in range(20):
+        expert = ScriptedExpert(env, ExpertConfig(miss_prob=1.0))
+        acts, labels, held, info = _roll(env, expert, seed)
+        succeeded += info["is_success"]
+        suction_on = np.flatnonzero(acts[:, 5] > 0)
+        first_grab = int(np.flatnonzero(held >= 0)[0])
+        assert first_grab > suction_on[0] + 5, "the first suction-on descent must miss"
+        assert first_grab > clean_first[seed] + 5
+        assert set(held[held >= 0].tolist()) == {env.target}, "a miss never grabs another cup"
+        # Steps where the executed action keeps suction on but the label switches it off: the recovery labels.
+        off = (acts[:, 5] > 0) & (labels[:, 5] < 0)
+        relabelled += off.any()
+        assert not off[first_grab:].any(), "after the regrasp, labels and actions agree on suction"
+    assert succeeded >= 19 and relabelled == 20
+
+
+def test_miss_prob_is_checked():
+    with pytest.raises(ValueError, match="miss_prob"):
+        ExpertConfig(miss_prob=1.5)
+    with pytest.raises(ValueError, match="suboptimal"):
+        ExpertConfig(miss_prob=0.5, suboptimal=True)

@@ -52,6 +52,10 @@ class CollectConfig:
     """Gaussian action noise of the expert."""
     suboptimal: bool = False
     """Expert hesitates, detours and sometimes fails on purpose (for offline-RL datasets)."""
+    miss_prob: float = 0.0
+    """Grasp only: fraction of episodes whose first grasp aims 2.6-4.5 cm off the cup and is then retried.
+    The stored actions are then the unperturbed expert's (DART-style labels), not the executed ones: a
+    behaviour-cloning dataset that shows recovery from a missed grasp, unfit for offline RL."""
     overwrite: bool = False
     """Replace an existing store at --out (its episodes are deleted)."""
     append: bool = False
@@ -66,6 +70,10 @@ class CollectConfig:
             raise ValueError(f"--episodes: got {self.episodes}; must be >= 1")
         if self.workers < 0:
             raise ValueError(f"--workers: got {self.workers}; must be >= 0")
+        if not 0 <= self.miss_prob <= 1:
+            raise ValueError(f"--miss-prob: got {self.miss_prob}; allowed 0 .. 1")
+        if self.miss_prob > 0 and (self.suboptimal or ENV_IDS[self.env] != "grasp"):
+            raise ValueError("--miss-prob needs the grasp env and no --suboptimal (it retries a missed grasp)")
         if self.overwrite and self.append:
             raise ValueError("--overwrite and --append exclude each other; pick one")
 
@@ -91,9 +99,11 @@ def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Epis
     while True:
         for k in keys:
             steps[k].append(obs[k])
+        # With deliberate misses, store what the unperturbed expert does here (it must be read before act()).
+        label = expert.label() if expert.cfg.miss_prob > 0 else None
         action = expert.act()
         obs, reward, terminated, truncated, info = env.step(action)
-        actions.append(action)
+        actions.append(action if label is None else label)
         rewards.append(reward)
         if terminated or truncated:
             break
@@ -121,7 +131,9 @@ def _init_worker(cfg: CollectConfig) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and shuts workers down
     env = make_env(cfg.env, **cfg.env_kwargs())
-    expert = ScriptedExpert(env, ExpertConfig(noise_std=cfg.noise_std, suboptimal=cfg.suboptimal))
+    expert = ScriptedExpert(
+        env, ExpertConfig(noise_std=cfg.noise_std, suboptimal=cfg.suboptimal, miss_prob=cfg.miss_prob)
+    )
     _WORKER = (env, expert)
 
 

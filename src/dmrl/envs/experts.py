@@ -3,6 +3,9 @@
 Each episode the expert picks a side of the obstacle with p = 0.5, so a dataset of its demonstrations is
 bimodal by construction. ``noise_std`` adds Gaussian action noise; ``suboptimal`` adds hesitations,
 detours and occasional deliberate failures (dropping the cup, giving up), for offline-RL datasets.
+``miss_prob`` makes the first grasp of some episodes aim off the cup; the expert then notices the empty tool
+and grasps again, and :meth:`ScriptedExpert.label` gives the unperturbed expert's action in every visited
+state (DART-style labels), so a behaviour-cloning dataset shows how to recover from a missed grasp.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from dmrl.envs.multipath import MAX_STEP, MultiPathEnv, TaskState
 CARRY_Z = 0.22  # tip height while moving between cups, obstacle and pad (cup bottoms clear other cups)
 SIDE_X = scene.OBSTACLE_HALF[0] + CLEARANCE + 0.02  # lateral offset of the route waypoints
 HOVER = 0.008  # tip height above a cup top when switching suction on
+MISS_OFFSET = (0.026, 0.045)  # m, horizontal aim error of a deliberate miss: just outside the 2.5 cm suction window
+# Grasp plan phases (indices into the plan of _grasp_plan): the re-approach target after a miss, the lift, and
+# the phases that carry the cup (suction on until the release at the pad).
+PRE_GRASP, LIFT, CARRY_END = 1, 3, 7
 
 
 @dataclass
@@ -36,7 +43,16 @@ class ExpertConfig:
     """Proportional gain from waypoint error (in units of the max step) to action; below 1 the expert slows
     down smoothly near each waypoint instead of stopping dead in one step, which a policy can learn precisely."""
 
+    miss_prob: float = 0.0
+    """Grasp task: probability that an episode's first grasp aims 2.6-4.5 cm off the named cup (so it misses);
+    once lifted without the cup the expert re-approaches the true position. Store :meth:`ScriptedExpert.label`,
+    not the executed action, to clone the unperturbed expert (what ``dmrl collect --miss-prob`` does)."""
+
     def __post_init__(self) -> None:
+        if not 0 <= self.miss_prob <= 1:
+            raise ValueError(f"expert miss_prob: got {self.miss_prob}; allowed 0 .. 1")
+        if self.miss_prob > 0 and self.suboptimal:
+            raise ValueError("expert: miss_prob and suboptimal exclude each other (a miss is recovered, a failure not)")
         if self.route not in (None, "left", "right"):
             raise ValueError(f"expert route: got {self.route!r}; allowed: left, right or None (random)")
         if not (self.noise_std >= 0 and 0 <= self.fail_prob <= 1 and self.gain > 0):
@@ -61,6 +77,9 @@ class ScriptedExpert:
         self.side = cfg.route or ("left" if rng.random() < 0.5 else "right")
         s = self.env.task_state()
         self._plan = self._grasp_plan(s) if s.task == "grasp" else self._reach_plan(s)
+        self._true_plan = self._plan  # what label() follows; differs from _plan only while a deliberate miss runs
+        if cfg.miss_prob > 0 and s.task == "grasp" and rng.random() < cfg.miss_prob:
+            self._plan = self._grasp_plan(s, offset=self._miss_offset(s))
         self._k = 0
         self._wait = 0
         self._fail_at = -1
@@ -76,8 +95,10 @@ class ScriptedExpert:
         y1, y2 = (oy - hy, oy + hy) if goal_y > start_y else (oy + hy, oy - hy)
         return [np.array([x, y1, CARRY_Z]), np.array([x, y2, CARRY_Z])]
 
-    def _grasp_plan(self, s: TaskState) -> list[tuple[np.ndarray, bool, int]]:
-        cup = s.cups[s.target]
+    def _grasp_plan(self, s: TaskState, offset=(0.0, 0.0)) -> list[tuple[np.ndarray, bool, int]]:
+        """Waypoints to grasp the named cup (its xy shifted by ``offset`` (2,) m) and set it on the pad."""
+        cup = s.cups[s.target].copy()
+        cup[:2] += offset
         top_z = cup[2] + scene.CUP_HALF_HEIGHT
         above_cup = np.array([cup[0], cup[1], CARRY_Z])
         place_z = scene.PAD_HEIGHT + 2 * scene.CUP_HALF_HEIGHT + 0.012
@@ -91,6 +112,19 @@ class ScriptedExpert:
         plan += [(above_pad, True, 1), (np.array([s.pad[0], s.pad[1], place_z]), True, 1)]
         plan += [(plan[-1][0], False, 2), (above_pad, False, 0)]
         return plan
+
+    def _miss_offset(self, s: TaskState) -> np.ndarray:
+        """(2,) aim error of a deliberate miss: away from the other cups (none is grabbed instead) and not
+        toward the obstacle (the arm would touch it)."""
+        cup = s.cups[s.target, :2]
+        others = np.delete(s.cups[:, :2], s.target, axis=0) - cup
+        toward_obstacle = np.sign(s.obstacle_y - cup[1])
+        for _ in range(50):
+            angle, radius = self.rng.uniform(0, 2 * np.pi), self.rng.uniform(*MISS_OFFSET)
+            offset = radius * np.array([np.cos(angle), np.sin(angle)])
+            if np.all(np.linalg.norm(others - offset, axis=1) > 0.05) and offset[1] * toward_obstacle < 0.01:
+                return offset
+        return np.array([radius, 0.0])  # sideways (x): clear of the cup column and the obstacle
 
     def _reach_plan(self, s: TaskState) -> list[tuple[np.ndarray, bool, int]]:
         cup = s.cups[s.target]
@@ -116,20 +150,18 @@ class ScriptedExpert:
     def act(self) -> np.ndarray:
         """Action (6,) float32 in [-1, 1] for the env's current state."""
         s = self.env.task_state()
-        a = np.zeros(6)
-        a[4] = np.clip(-s.pitch / 0.05, -1, 1)  # keep the tool vertical
+        if self._k > LIFT and self._missed(s, self._k):  # lifted without the named cup: grasp it again
+            self._plan, self._k, self._wait = self._true_plan, PRE_GRASP, 0
         if self._k >= len(self._plan):
-            a[5] = -1.0
-            return self._finish(a)
+            return self._finish(self._toward(s, None, False))
         wp, suction, kind = self._plan[self._k]
         if self._k == self._fail_at:
             # deliberate failure: let go of whatever is held, then wander for the rest of the episode
             self._plan = [(self.env.workspace.clip(wp + self.rng.uniform(-0.1, 0.1, 3)), False, 0)] * 400
             self._k, self._fail_at = 0, -1
             wp, suction, kind = self._plan[0]
+        a = self._toward(s, wp, suction)
         err = wp - s.tip
-        a[:3] = np.clip(self.cfg.gain * err / MAX_STEP, -1, 1)
-        a[5] = 1.0 if suction else -1.0
         tol = (0.03, 0.006, 0.0)[kind]
         if kind == 2:  # dwell one step so suction switches while the tip is still
             self._wait += 1
@@ -142,6 +174,34 @@ class ScriptedExpert:
         if self.cfg.suboptimal and self.rng.random() < 0.05:
             a[:3] = 0.0  # hesitation: a step without motion
         return self._finish(a)
+
+    def label(self) -> np.ndarray:
+        """Action (6,) float32 the unperturbed expert takes in the current state; call it before :meth:`act`.
+
+        It follows the true plan at the current phase, or goes back to the pre-grasp point with suction off
+        when a carrying phase finds the named cup not held (right after a missed grasp). Without ``miss_prob``,
+        noise or hesitations it equals what :meth:`act` returns.
+        """
+        s = self.env.task_state()
+        k = PRE_GRASP if self._missed(s, self._k) else self._k
+        if k >= len(self._true_plan):
+            return self._toward(s, None, False).astype(np.float32)
+        wp, suction, _ = self._true_plan[k]
+        return self._toward(s, wp, suction).astype(np.float32)
+
+    def _missed(self, s: TaskState, phase: int) -> bool:
+        """An expert that recovers (miss_prob > 0, grasp task) is in carrying ``phase`` without the named cup."""
+        recovers = self.cfg.miss_prob > 0 and s.task == "grasp"
+        return recovers and LIFT <= phase <= CARRY_END and s.attached != s.target
+
+    def _toward(self, s: TaskState, wp: np.ndarray | None, suction: bool) -> np.ndarray:
+        """Proportional step toward waypoint ``wp`` (None: stay), tool kept vertical, suction on or off."""
+        a = np.zeros(6)
+        a[4] = np.clip(-s.pitch / 0.05, -1, 1)  # keep the tool vertical
+        if wp is not None:
+            a[:3] = np.clip(self.cfg.gain * (wp - s.tip) / MAX_STEP, -1, 1)
+        a[5] = 1.0 if suction else -1.0
+        return a
 
     def _finish(self, a: np.ndarray) -> np.ndarray:
         if self.cfg.noise_std > 0:
