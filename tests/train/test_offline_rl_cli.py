@@ -113,17 +113,6 @@ def test_bad_offline_rl_input_is_one_line(args, match, capsys):
     assert len(err) == 1 and match in err[0], err
 
 
-def test_offline_rl_refuses_a_dataset_of_expert_labels(tmp_path, capsys):
-    """--miss-prob stores the unperturbed expert's labels, not the executed actions: no valid transitions."""
-    out = tmp_path / "labels.zarr"
-    args = ["collect", "--out", str(out), "--episodes", "1", "--workers", "0", "--obs-modes", "state"]
-    assert main([*args, "--miss-prob", "1"]) == 0
-    capsys.readouterr()
-    assert _train(out, tmp_path / "run", "--algo", "diffusion-ql", "--steps", "2") == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--miss-prob" in err[0], err
-
-
 def test_bc_run_from_before_the_algo_keys_still_resumes(tmp_path, dataset):
     run = tmp_path / "old"
     args = ["train", "--dataset", str(dataset), "--out", str(run), *TINY[:8], "--steps", "2"]  # critic at defaults

@@ -53,9 +53,9 @@ class CollectConfig:
     suboptimal: bool = False
     """Expert hesitates, detours and sometimes fails on purpose (for offline-RL datasets)."""
     miss_prob: float = 0.0
-    """Grasp only: fraction of episodes whose first grasp aims 2.6-4.5 cm off the cup and is then retried.
-    The stored actions are then the unperturbed expert's (DART-style labels), not the executed ones: a
-    behaviour-cloning dataset that shows recovery from a missed grasp, unfit for offline RL."""
+    """Grasp only: fraction of episodes whose first grasp aims 2.6-4.5 cm off the cup and is then retried;
+    such an episode is stored from the step the expert notices the miss (a recovery demonstration, which
+    starts mid-task: info["first_step"] says where)."""
     overwrite: bool = False
     """Replace an existing store at --out (its episodes are deleted)."""
     append: bool = False
@@ -88,7 +88,8 @@ class CollectConfig:
 
 
 def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Episode:
-    """Roll out one expert episode from ``env.reset(seed=seed)`` and return it as an :class:`Episode`."""
+    """Roll out one expert episode from ``env.reset(seed=seed)`` and return it as an :class:`Episode`; with a
+    deliberate miss, only its steps from ``expert.recovered_at`` on."""
     obs, _ = env.reset(seed=seed)
     # The route is a function of the episode seed, from a stream independent of the env's own draws.
     expert.rng = np.random.default_rng((seed, 0xE))
@@ -99,19 +100,20 @@ def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Epis
     while True:
         for k in keys:
             steps[k].append(obs[k])
-        # With deliberate misses, store what the unperturbed expert does here (it must be read before act()).
-        label = expert.label() if expert.cfg.miss_prob > 0 else None
         action = expert.act()
         obs, reward, terminated, truncated, info = env.step(action)
-        actions.append(action if label is None else label)
+        actions.append(action)
         rewards.append(reward)
         if terminated or truncated:
             break
+    # A deliberate miss (ExpertConfig.miss_prob) is not a demonstration: keep the recovery that follows it.
+    first = expert.recovered_at or 0
+    extra = {"first_step": float(first)} if first else {}
     return Episode(
-        obs={k: np.stack(v) for k, v in steps.items()},
+        obs={k: np.stack(v[first:]) for k, v in steps.items()},
         final_obs={k: obs[k] for k in keys},
-        actions=np.asarray(actions, dtype=np.float32),
-        rewards=np.asarray(rewards, dtype=np.float32),
+        actions=np.asarray(actions[first:], dtype=np.float32),
+        rewards=np.asarray(rewards[first:], dtype=np.float32),
         terminated=bool(terminated),
         truncated=bool(truncated),
         instruction=env.instruction,
@@ -119,7 +121,7 @@ def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Epis
         route=info["route"],
         success=bool(info["is_success"]),
         seed=int(seed),
-        info={"collision": float(info["collision"])},
+        info={"collision": float(info["collision"]), **extra},
     )
 
 

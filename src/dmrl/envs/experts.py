@@ -3,9 +3,9 @@
 Each episode the expert picks a side of the obstacle with p = 0.5, so a dataset of its demonstrations is
 bimodal by construction. ``noise_std`` adds Gaussian action noise; ``suboptimal`` adds hesitations,
 detours and occasional deliberate failures (dropping the cup, giving up), for offline-RL datasets.
-``miss_prob`` makes the first grasp of some episodes aim off the cup; the expert then notices the empty tool
-and grasps again, and :meth:`ScriptedExpert.label` gives the unperturbed expert's action in every visited
-state (DART-style labels), so a behaviour-cloning dataset shows how to recover from a missed grasp.
+``miss_prob`` makes the first grasp of some episodes aim off the cup; the expert lifts, notices the empty tool
+at a random height and grasps again. ``recovered_at`` marks that step: a dataset keeps only what follows it
+(``dmrl collect --miss-prob``), so it shows how to recover from a missed grasp and never the deliberate miss.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ class ExpertConfig:
 
     miss_prob: float = 0.0
     """Grasp task: probability that an episode's first grasp aims 2.6-4.5 cm off the named cup (so it misses);
-    once lifted without the cup the expert re-approaches the true position. Store :meth:`ScriptedExpert.label`,
-    not the executed action, to clone the unperturbed expert (what ``dmrl collect --miss-prob`` does)."""
+    lifting without the cup, the expert notices at a random height and re-approaches the true position. The
+    steps before ``ScriptedExpert.recovered_at`` are the deliberate miss: not a demonstration."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.miss_prob <= 1:
@@ -77,9 +77,16 @@ class ScriptedExpert:
         self.side = cfg.route or ("left" if rng.random() < 0.5 else "right")
         s = self.env.task_state()
         self._plan = self._grasp_plan(s) if s.task == "grasp" else self._reach_plan(s)
-        self._true_plan = self._plan  # what label() follows; differs from _plan only while a deliberate miss runs
+        self._true_plan = self._plan  # the plan after a deliberate miss
+        self.recovered_at: int | None = None  # step (act() calls so far) of the first action after noticing a miss
+        self._t = 0
+        self._notice_z = np.inf
         if cfg.miss_prob > 0 and s.task == "grasp" and rng.random() < cfg.miss_prob:
             self._plan = self._grasp_plan(s, offset=self._miss_offset(s))
+            # Notice the empty tool somewhere on the way up (hover .. carry height), so recoveries start from
+            # every state a missed grasp followed by part of a lift can leave the arm in.
+            top_z = s.cups[s.target][2] + scene.CUP_HALF_HEIGHT
+            self._notice_z = rng.uniform(top_z + HOVER + 0.01, CARRY_Z - 0.01)
         self._k = 0
         self._wait = 0
         self._fail_at = -1
@@ -150,8 +157,11 @@ class ScriptedExpert:
     def act(self) -> np.ndarray:
         """Action (6,) float32 in [-1, 1] for the env's current state."""
         s = self.env.task_state()
-        if self._k > LIFT and self._missed(s, self._k):  # lifted without the named cup: grasp it again
+        lifted = self._k > LIFT or s.tip[2] >= self._notice_z
+        if self.recovered_at is None and lifted and self._missed(s, self._k):  # no cup on the way up: regrasp
             self._plan, self._k, self._wait = self._true_plan, PRE_GRASP, 0
+            self.recovered_at = self._t
+        self._t += 1
         if self._k >= len(self._plan):
             return self._finish(self._toward(s, None, False))
         wp, suction, kind = self._plan[self._k]
@@ -174,20 +184,6 @@ class ScriptedExpert:
         if self.cfg.suboptimal and self.rng.random() < 0.05:
             a[:3] = 0.0  # hesitation: a step without motion
         return self._finish(a)
-
-    def label(self) -> np.ndarray:
-        """Action (6,) float32 the unperturbed expert takes in the current state; call it before :meth:`act`.
-
-        It follows the true plan at the current phase, or goes back to the pre-grasp point with suction off
-        when a carrying phase finds the named cup not held (right after a missed grasp). Without ``miss_prob``,
-        noise or hesitations it equals what :meth:`act` returns.
-        """
-        s = self.env.task_state()
-        k = PRE_GRASP if self._missed(s, self._k) else self._k
-        if k >= len(self._true_plan):
-            return self._toward(s, None, False).astype(np.float32)
-        wp, suction, _ = self._true_plan[k]
-        return self._toward(s, wp, suction).astype(np.float32)
 
     def _missed(self, s: TaskState, phase: int) -> bool:
         """An expert that recovers (miss_prob > 0, grasp task) is in carrying ``phase`` without the named cup."""

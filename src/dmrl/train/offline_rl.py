@@ -38,11 +38,6 @@ def train_offline_rl(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.algo not in ALGOS:
         raise ValueError(f"train_offline_rl: --algo {cfg.algo!r} is not an offline-RL algorithm ({', '.join(ALGOS)})")
     store = EpisodeStore.open(cfg.dataset)
-    if float(store.attrs.get("collect", {}).get("miss_prob", 0) or 0) > 0:
-        raise ValueError(
-            f"--dataset {cfg.dataset}: collected with --miss-prob, so its actions are expert labels, not the "
-            "executed ones; offline RL needs executed transitions: collect without --miss-prob"
-        )
     engine = Engine(cfg.engine, cfg.seed)
     try:
         if engine.dist.enabled:
