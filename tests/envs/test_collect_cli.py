@@ -51,9 +51,10 @@ def test_miss_prob_stores_recovery_episodes(tmp_path):
     out = tmp_path / "d.zarr"
     assert _collect(out, "--obs-modes", "state", "joints", "--miss-prob", "1", episodes=2) == 0
     store = EpisodeStore.open(out)
+    assert [info["first_step"] > 0 for info in store.infos()] == [True, True]
     for i in range(2):
         ep = store.episode(i)
-        assert ep.success and ep.info["first_step"] > 0
+        assert ep.success and ep.info == store.infos()[i]
         assert ep.obs["joints"][0, -1] == 1.0 and ep.actions[0, 5] < 0
 
 

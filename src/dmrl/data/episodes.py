@@ -359,6 +359,10 @@ class EpisodeStore:
     def targets(self) -> list[str]:
         return list(self._text["target"])
 
+    def infos(self) -> list[dict[str, float]]:
+        """Each episode's ``info`` dict (e.g. collision, first_step of a recovery episode)."""
+        return [json.loads(t) for t in self._text["info"]]
+
     def episode_slice(self, i: int) -> slice:
         """Step rows [start, end) of episode i (negative i counts from the end)."""
         n = self.n_episodes
