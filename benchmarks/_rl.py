@@ -80,8 +80,11 @@ def finished(cfg: TrainConfig, need_eval: bool = True) -> dict | None:
         return None
     now = json.loads(json.dumps(to_dict(cfg), default=str))
     a, b = saved_settings(saved), _flat(now)
-    for flat in (a, b):  # --overwrite says how a run was started, not what it trained
+    for flat in (a, b):  # --overwrite and --out say how and where a run was started, not what it trained
         flat.pop("overwrite", None)
+        flat.pop("out", None)
+        if flat.get("dataset"):  # one store however its path was spelled (relative to the working directory)
+            flat["dataset"] = str(Path(flat["dataset"]).resolve())
     out = json.loads(summary.read_text())
     return out if a == b and ("eval" in out or not need_eval) else None
 

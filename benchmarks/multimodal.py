@@ -1,9 +1,11 @@
 """Policies from rgb + depth + joints + force + instruction on MultiPathGrasp, no privileged state as input (issue 4).
 
 Run: ``python benchmarks/multimodal.py [--arms main concat lm_last_layer gaussian vae] [--episodes 100]``.
-It collects outputs/multimodal/dataset.zarr first if it is not there (300 expert episodes, 64 px front camera, 3 cups,
-train paraphrases). Each arm trains the preset (``--config``, default configs/grasp_multimodal_cpu.yaml) with one
-change, then is evaluated on seeds 100000.. with train and with held-out instruction paraphrases:
+It collects outputs/multimodal/dataset_recovery.zarr first if it is not there (300 expert episodes, 64 px front camera,
+3 cups, train paraphrases, then 100 recovery episodes: ``dmrl collect --miss-prob 1``, each starting where the expert
+notices that its first grasp, aimed off the cup on purpose, grabbed nothing). Each arm trains the preset
+(``--config``, default configs/grasp_multimodal_cpu.yaml) with one change, then is evaluated on seeds 100000.. with
+train and with held-out instruction paraphrases:
 
     main           the preset: Perceiver fusion, frozen MiniLM, diffusion policy
     concat         fusion: pooled features concatenated + MLP (the seed's weakest fusion)
@@ -38,7 +40,7 @@ from dmrl.config import TrainConfig, merge
 from mm_binding import TARGET_XYZ, binding
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASET = ROOT / "outputs" / "multimodal" / "dataset.zarr"
+DATASET = ROOT / "outputs" / "multimodal" / "dataset_recovery.zarr"
 MODES = ("rgb", "depth", "joints", "force", "instruction")
 ARMS: dict[str, dict] = {
     "main": {},
@@ -77,6 +79,7 @@ COLUMNS = [
     "grasp_target",
     "grasp_wrong",
     "grasp_none",
+    "recovery_episodes",
     "action_steps",
     "bound",
     "chance",
@@ -87,23 +90,35 @@ COLUMNS = [
 ]
 
 
-def collect_if_missing(path: Path, episodes: int, image_size: int, check_size: bool = True) -> None:
+def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int, check_size: bool = True) -> None:
     from dmrl.envs.collect import CollectConfig, collect
 
     if not path.exists():
         modes = (*MODES, "state")  # state: the auxiliary head's training target, never a policy input
-        collect(CollectConfig(out=path, episodes=episodes, obs_modes=modes, image_size=image_size, workers=2))
+        kw = dict(out=path, obs_modes=modes, image_size=image_size, workers=2)
+        collect(CollectConfig(episodes=episodes, **kw))
+        if recovery:
+            collect(CollectConfig(episodes=recovery, miss_prob=1.0, append=True, **kw))
         return
     from dmrl.data import EpisodeStore
 
     store = EpisodeStore.open(path)
     if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
-    if check_size and store.n_episodes != episodes:  # else a finished run on it would be reused as if trained on it
+    held = (store.n_episodes - recovery_episodes(path), recovery_episodes(path))
+    if check_size and held != (episodes, recovery):  # else a finished run on it would be reused as if trained on it
         sys.exit(
-            f"--dataset {path}: holds {store.n_episodes} episodes, --collect-episodes asks for {episodes}; "
-            f"delete it to recollect, or pass --collect-episodes {store.n_episodes}"
+            f"--dataset {path}: holds {held[0]} expert + {held[1]} recovery episodes, --collect-episodes / "
+            f"--recovery-episodes ask for {episodes} / {recovery}; delete it to recollect, or pass "
+            f"--collect-episodes {held[0]} --recovery-episodes {held[1]}"
         )
+
+
+def recovery_episodes(path: Path) -> int:
+    """How many of a store's episodes are recovery episodes (collected with --miss-prob, info["first_step"])."""
+    from dmrl.data import EpisodeStore
+
+    return sum("first_step" in info for info in EpisodeStore.open(path).infos())
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
@@ -154,6 +169,7 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
                 "grasp_target": ev.grasp_target,
                 "grasp_wrong": ev.grasp_wrong,
                 "grasp_none": ev.grasp_none,
+                "recovery_episodes": recovery_episodes(Path(cfg.dataset)),
                 "action_steps": policy.chunk.n_action_steps,
                 "train_minutes": summary["train_seconds"] / 60,
                 "samples_per_s": summary["train_steps"] * cfg.batch_size / summary["train_seconds"],
@@ -188,6 +204,7 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "configs" / "grasp_multimodal_cpu.yaml")
     ap.add_argument("--dataset", type=Path, default=DATASET)
     ap.add_argument("--collect-episodes", type=int, default=300)
+    ap.add_argument("--recovery-episodes", type=int, default=100, help="appended with dmrl collect --miss-prob 1")
     ap.add_argument("--image-size", type=int, default=64)
     ap.add_argument("--arms", nargs="+", default=["main"], choices=list(ARMS))
     ap.add_argument("--steps", type=int, default=0, help="override the preset's steps (0: keep them)")
@@ -213,8 +230,8 @@ def main() -> None:
 
     if args.smoke and args.dataset == DATASET:  # never the real dataset: its size is checked against the flags
         args.dataset = args.out / "smoke_dataset.zarr"
-    n, size = (3, 16) if args.smoke else (args.collect_episodes, args.image_size)
-    collect_if_missing(args.dataset, n, size, check_size=not args.smoke)  # --smoke writes no results: any size runs
+    n, rec, size = (3, 1, 16) if args.smoke else (args.collect_episodes, args.recovery_episodes, args.image_size)
+    collect_if_missing(args.dataset, n, rec, size, check_size=not args.smoke)  # --smoke writes nothing: any size
     # The commit is read before training: the tree may change (docs, other work) while an arm trains for an hour.
     info = {
         **machine(),
@@ -241,6 +258,8 @@ def main() -> None:
         kept = [r for r in json.loads(old.read_text()).get("results", []) if r.get("entry") not in new]
         rows = kept + rows
     for r in rows:  # rows kept from an earlier invocation keep its command and commit
+        if "success_rate" in r:
+            r.setdefault("recovery_episodes", 0)  # rows from before the column: the 300 expert episodes only
         r.setdefault("command", info["command"])
         r.setdefault("git_commit", info["git_commit"])
     write_results("multimodal", rows, info, COLUMNS)
