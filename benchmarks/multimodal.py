@@ -105,7 +105,8 @@ def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int
     store = EpisodeStore.open(path)
     if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
-    held = (store.n_episodes - recovery_episodes(path), recovery_episodes(path))
+    n_recovery = recovery_episodes(path)
+    held = (store.n_episodes - n_recovery, n_recovery)
     if check_size and held != (episodes, recovery):  # else a finished run on it would be reused as if trained on it
         sys.exit(
             f"--dataset {path}: holds {held[0]} expert + {held[1]} recovery episodes, --collect-episodes / "
@@ -146,6 +147,7 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
     if arm == "main":
         plan += [("train", (m,), n_drop) for m in args.drop]
     rows = []
+    n_recovery = recovery_episodes(Path(cfg.dataset))
     for paraphrases, drop, n in plan:
         seeds = list(range(100_000, 100_000 + n))
         kwargs = {**meta["env_kwargs"], "paraphrases": paraphrases}
@@ -169,7 +171,7 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
                 "grasp_target": ev.grasp_target,
                 "grasp_wrong": ev.grasp_wrong,
                 "grasp_none": ev.grasp_none,
-                "recovery_episodes": recovery_episodes(Path(cfg.dataset)),
+                "recovery_episodes": n_recovery,
                 "action_steps": policy.chunk.n_action_steps,
                 "train_minutes": summary["train_seconds"] / 60,
                 "samples_per_s": summary["train_steps"] * cfg.batch_size / summary["train_seconds"],
@@ -219,6 +221,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    if args.recovery_episodes < 0:
+        sys.exit(f"--recovery-episodes: need 0 or more, got {args.recovery_episodes}")
     if args.binding_scenes < 1:
         sys.exit(f"--binding-scenes: need at least 1, got {args.binding_scenes}")
     if args.action_steps < 0:

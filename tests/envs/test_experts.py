@@ -112,10 +112,9 @@ def test_recovery_episodes_keep_only_the_steps_after_the_miss():
     env.reset(seed=4)
     full.rng = np.random.default_rng((4, 0xE))
     full.reset()
-    obs, states = None, []
+    states = []
     for _ in range(first + ep.length):
-        obs = env._get_obs()
-        states.append(obs["state"])
+        states.append(env._get_obs()["state"])
         env.step(full.act())
     np.testing.assert_array_equal(np.array(states[first:]), ep.obs["state"])
     assert ep.obs["joints"][0, -1] == 1.0 and ep.actions[0, 5] < 0, "starts with suction on, first action: off"
