@@ -105,7 +105,7 @@ def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int
     store = EpisodeStore.open(path)
     if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
-    n_recovery = recovery_episodes(path)
+    n_recovery = recovery_episodes(store)
     held = (store.n_episodes - n_recovery, n_recovery)
     if check_size and held != (episodes, recovery):  # else a finished run on it would be reused as if trained on it
         sys.exit(
@@ -115,11 +115,9 @@ def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int
         )
 
 
-def recovery_episodes(path: Path) -> int:
-    """How many of a store's episodes are recovery episodes (collected with --miss-prob, info["first_step"])."""
-    from dmrl.data import EpisodeStore
-
-    return sum("first_step" in info for info in EpisodeStore.open(path).infos())
+def recovery_episodes(store) -> int:
+    """How many of an EpisodeStore's episodes are recovery episodes (collected with --miss-prob, info["first_step"])."""
+    return sum("first_step" in info for info in store.infos())
 
 
 def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
@@ -147,7 +145,9 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
     if arm == "main":
         plan += [("train", (m,), n_drop) for m in args.drop]
     rows = []
-    n_recovery = recovery_episodes(Path(cfg.dataset))
+    from dmrl.data import EpisodeStore
+
+    n_recovery = recovery_episodes(EpisodeStore.open(cfg.dataset))
     for paraphrases, drop, n in plan:
         seeds = list(range(100_000, 100_000 + n))
         kwargs = {**meta["env_kwargs"], "paraphrases": paraphrases}
