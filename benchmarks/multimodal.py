@@ -90,7 +90,9 @@ COLUMNS = [
 ]
 
 
-def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int, check_size: bool = True) -> None:
+def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int, check_size: bool = True) -> int:
+    """Collect the dataset at ``path`` unless it is there (then check it) -> how many recovery episodes it holds."""
+    from dmrl.data import EpisodeStore
     from dmrl.envs.collect import CollectConfig, collect
 
     if not path.exists():
@@ -99,9 +101,7 @@ def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int
         collect(CollectConfig(episodes=episodes, **kw))
         if recovery:
             collect(CollectConfig(episodes=recovery, miss_prob=1.0, append=True, **kw))
-        return
-    from dmrl.data import EpisodeStore
-
+        return recovery_episodes(EpisodeStore.open(path))
     store = EpisodeStore.open(path)
     if "state" not in store.obs_modes:
         sys.exit(f"--dataset {path}: collected without state (the aux head's target); delete it and rerun to recollect")
@@ -113,6 +113,7 @@ def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int
             f"--recovery-episodes ask for {episodes} / {recovery}; delete it to recollect, or pass "
             f"--collect-episodes {held[0]} --recovery-episodes {held[1]}"
         )
+    return n_recovery
 
 
 def recovery_episodes(store) -> int:
@@ -131,7 +132,7 @@ def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
     return merge(cfg, {"dataset": args.dataset, "out": args.out / (f"smoke_{arm}" if args.smoke else arm)})
 
 
-def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict) -> list[dict]:
+def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict, n_recovery: int) -> list[dict]:
     from dmrl.train.checkpoint import load_policy
     from dmrl.train.evaluate import evaluate, set_action_steps
 
@@ -145,9 +146,6 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
     if arm == "main":
         plan += [("train", (m,), n_drop) for m in args.drop]
     rows = []
-    from dmrl.data import EpisodeStore
-
-    n_recovery = recovery_episodes(EpisodeStore.open(cfg.dataset))
     for paraphrases, drop, n in plan:
         seeds = list(range(100_000, 100_000 + n))
         kwargs = {**meta["env_kwargs"], "paraphrases": paraphrases}
@@ -235,7 +233,8 @@ def main() -> None:
     if args.smoke and args.dataset == DATASET:  # never the real dataset: its size is checked against the flags
         args.dataset = args.out / "smoke_dataset.zarr"
     n, rec, size = (3, 1, 16) if args.smoke else (args.collect_episodes, args.recovery_episodes, args.image_size)
-    collect_if_missing(args.dataset, n, rec, size, check_size=not args.smoke)  # --smoke writes nothing: any size
+    # --smoke writes nothing to benchmarks/results, so its dataset may hold any number of episodes
+    n_recovery = collect_if_missing(args.dataset, n, rec, size, check_size=not args.smoke)
     # The commit is read before training: the tree may change (docs, other work) while an arm trains for an hour.
     info = {
         **machine(),
@@ -251,7 +250,7 @@ def main() -> None:
             summary = train_bc(cfg)
         else:
             print(f"reusing the finished run {cfg.out}")
-        rows += evaluate_arm(args, arm, cfg, summary)
+        rows += evaluate_arm(args, arm, cfg, summary, n_recovery)
     if args.smoke:
         print("--smoke: nothing written to benchmarks/results")
         return
