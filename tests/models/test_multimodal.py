@@ -12,17 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
 from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig, drop_modalities
+from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
-from dmrl.models.vision import (
-    DepthConfig,
-    DepthEncoder,
-    ResNet18GN,
-    ResNetGNConfig,
-    ViTConfig,
-    ViTEncoder,
-)
+from dmrl.models.vit import ViTConfig, ViTEncoder
 
 B, TO, D, K, HW = 3, 2, 32, 4, (32, 32)
 TINY_VIT = {"width": 32, "depth": 2, "n_heads": 2, "patch_size": 8}  # 16 patch tokens per 32 x 32 frame

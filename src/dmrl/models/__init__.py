@@ -12,11 +12,13 @@ from dmrl.models.denoisers import (
     UNet1DDenoiserConfig,
     build_denoiser,
 )
+from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
 from dmrl.models.language import LanguageConfig, LanguageEncoder  # cheap: transformers loads on first build
 from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
+from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
-from dmrl.models.vision import DepthConfig, DepthEncoder, ResNet18GN, ResNetGNConfig, ViTConfig, ViTEncoder
+from dmrl.models.vit import ViTConfig, ViTEncoder
 
 __all__ = [
     "DENOISERS",

@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
+from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
-from dmrl.models.vision import DepthConfig, DepthEncoder, ResNet18GN, ResNetGNConfig, ViTConfig, ViTEncoder
+from dmrl.models.vit import ViTConfig, ViTEncoder
 
 MODALITIES = ("rgb", "depth", "joints", "force", "instruction")
 FUSIONS = ("perceiver", "concat")
