@@ -12,7 +12,6 @@ On-disk layout (zarr v3, local directory; N = committed steps, E = committed epi
     meta/success|terminated|truncated (E,) bool · meta/return (E,) float32 · meta/seed (E,) int64
     meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (target, instruction, info as JSON)
     meta/episode_ends           (E,) int64 cumulative end step, fill -1; written LAST = the commit
-    stats/<key>.<field>         optional normalizer statistics (see normalizer.py)
 
 Why this is crash-safe: zarr's LocalStore writes every chunk and metadata file to a temp file and renames
 it into place, so a SIGKILL leaves each file either old or new, never torn. `append` writes all data first
@@ -27,7 +26,7 @@ import json
 import shutil
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import zarr
@@ -45,9 +44,6 @@ from dmrl.data._zarr_utils import (
     write_rows,
 )
 from dmrl.types import ARRAY_MODES, ROUTES, Episode, parse_obs_modes, route_to_id
-
-if TYPE_CHECKING:
-    from dmrl.data.normalizer import Normalizer
 
 FORMAT_VERSION = 1
 #: Per-episode numeric columns and their stored dtypes (besides `episode_ends`).
@@ -427,28 +423,6 @@ class EpisodeStore:
             "mean_return": float(self.returns.mean()) if n else 0.0,
             "mean_length": float(self.lengths.mean()) if n else 0.0,
         }
-
-    # ------------------------------------------------------------------ normalizer stats
-    def save_normalizer(self, norm: Normalizer) -> None:
-        """Replace `stats/` with the normalizer's state_dict arrays (+ per-key modes in the group attrs)."""
-        if self.mode != "a":
-            raise StoreError(f"dmrl store {self.path}: opened read-only; open with mode='a' to save stats")
-        if "stats" in self._root:
-            del self._root["stats"]
-        group = self._root.create_group("stats", attributes={"modes": dict(norm.modes)})
-        for key, value in norm.state_dict().items():
-            group.create_array(key, data=value)
-
-    def load_normalizer(self) -> Normalizer:
-        """Read the normalizer saved by `save_normalizer`; StoreError if none was saved."""
-        from dmrl.data.normalizer import Normalizer
-
-        if "stats" not in self._root:
-            raise StoreError(f"dmrl store {self.path}: no normalizer stats saved in 'stats/'; fit and save them first")
-        group = self._root["stats"]
-        assert isinstance(group, zarr.Group)
-        state = {k: np.asarray(a[:]) for k, a in group.arrays()}
-        return Normalizer.from_state_dict(state, modes=dict(group.attrs.get("modes", {})))
 
     def __repr__(self) -> str:
         n, steps = self.n_episodes, self.n_steps

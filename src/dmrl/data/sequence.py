@@ -30,7 +30,6 @@ from torch.utils.data import Dataset
 
 from dmrl.data._zarr_utils import StoreError
 from dmrl.data.episodes import EpisodeStore
-from dmrl.data.normalizer import Normalizer
 
 
 def split_episodes(n_episodes: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -48,9 +47,10 @@ def split_episodes(n_episodes: int, val_fraction: float, seed: int = 0) -> tuple
 class SequenceDataset(Dataset):
     """Windows over an `EpisodeStore` (see module docstring). Item (no batch dim; DataLoader adds B):
 
-    obs[k]       (To, ...) float32 torch tensor per requested array modality; rgb stays uint8 (To,3,H,W)
-                 unless a normalizer is given; obs["instruction"] is the episode's string if requested
-    action       (Tp, Da) float32 (normalized when a normalizer is given)
+    obs[k]       (To, ...) float32 torch tensor per requested array modality, as stored (raw: the policy
+                 normalises inside itself); rgb stays uint8 (To,3,H,W); obs["instruction"] is the episode's
+                 string if requested
+    action       (Tp, Da) float32, as stored
     action_mask  (Tp,) bool, False on padded action steps
     episode      int, the store's episode index
     """
@@ -63,7 +63,6 @@ class SequenceDataset(Dataset):
         horizon_pred: int = 16,
         horizon_exec: int = 8,
         episodes: Sequence[int] | np.ndarray | None = None,
-        normalizer: Normalizer | None = None,
         cache_images: bool = False,
         pad_after: int | None = None,
     ) -> None:
@@ -79,7 +78,6 @@ class SequenceDataset(Dataset):
         store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
         self.path = store.path
         self.horizon_obs, self.horizon_pred, self.horizon_exec = To, Tp, Ta
-        self.normalizer = normalizer
         self.with_instruction = "instruction" in obs_keys
         if self.with_instruction and "instruction" not in store.obs_modes:
             raise StoreError(
@@ -90,16 +88,12 @@ class SequenceDataset(Dataset):
         self.array_keys = tuple(k for k in obs_keys if k != "instruction")
         for k in self.array_keys:
             store.array(k)  # StoreError naming the modality if the store lacks it
-        if normalizer is not None:
-            for k in ("actions", *self.array_keys):
-                normalizer.normalize(k, np.zeros((1, *store.array(k).shape[1:]), np.float32))  # raises if missing
-        # Low-dim keys (and actions) are small: load once and normalise once. Images are read per item.
+        # Low-dim keys (and actions) are small: load them once. Images are read per item.
         self.image_keys = tuple(k for k in self.array_keys if store.array(k).ndim >= 3)
         n = store.n_steps
         self._lowdim: dict[str, np.ndarray] = {}
         for k in ("actions", *(k for k in self.array_keys if k not in self.image_keys)):
-            x = np.asarray(store.array(k)[:n], dtype=np.float32)
-            self._lowdim[k] = normalizer.normalize(k, x) if normalizer is not None else x
+            self._lowdim[k] = np.asarray(store.array(k)[:n], dtype=np.float32)
         self._images: dict[str, Any] = {
             k: np.asarray(store.array(k)[:n]) if cache_images else store.array(k) for k in self.image_keys
         }
@@ -159,10 +153,8 @@ class SequenceDataset(Dataset):
         return obs
 
     def _image_tensor(self, key: str, x: np.ndarray) -> torch.Tensor:
-        """Stored frames -> tensor: normalised float32 with a normalizer, else uint8 kept and the rest float32."""
-        if self.normalizer is not None:
-            x = self.normalizer.normalize(key, x).astype(np.float32, copy=False)
-        elif x.dtype != np.uint8:
+        """Stored frames -> tensor: uint8 kept (a quarter of float32's bytes), anything else as float32."""
+        if x.dtype != np.uint8:
             x = x.astype(np.float32, copy=False)
         return torch.from_numpy(np.ascontiguousarray(x))
 

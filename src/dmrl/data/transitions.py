@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from dmrl.data.episodes import EpisodeStore
-from dmrl.data.normalizer import Normalizer
 from dmrl.data.sequence import SequenceDataset
 
 
@@ -39,7 +38,7 @@ class ChunkTransitionDataset(SequenceDataset):
     reward      (Ta,) float32     rewards of the executed steps, zero-padded past the episode end
     done        (Ta,) bool        True at the terminal step of a terminated episode
     valid       (Ta,) bool        the executed step exists
-    next_obs[k] (To, ...)         the observation window Ta steps later (same dtypes/normalisation as obs)
+    next_obs[k] (To, ...)         the observation window Ta steps later (same dtypes as obs)
     next_valid  () bool           next_obs was observed (see the module docstring)
     """
 
@@ -51,20 +50,18 @@ class ChunkTransitionDataset(SequenceDataset):
         horizon_pred: int = 16,
         horizon_exec: int = 8,
         episodes: Sequence[int] | np.ndarray | None = None,
-        normalizer: Normalizer | None = None,
         cache_images: bool = False,
     ) -> None:
         store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
-        super().__init__(store, obs_keys, horizon_obs, horizon_pred, horizon_exec, episodes, normalizer, cache_images)
+        super().__init__(store, obs_keys, horizon_obs, horizon_pred, horizon_exec, episodes, cache_images)
         n, n_eps = store.n_steps, store.n_episodes
         self._rewards = np.asarray(store.array("rewards")[:n], dtype=np.float32)
         self._terminated = np.asarray(store.terminated, dtype=bool)
-        # Final observations (one per episode): low-dim ones loaded and normalised once, like the per-step ones.
+        # Final observations (one per episode): low-dim ones loaded once, like the per-step ones.
         self._final_lowdim: dict[str, np.ndarray] = {}
         for k in self.array_keys:
             if k not in self.image_keys:
-                x = np.asarray(store.final_array(k)[:n_eps], dtype=np.float32)
-                self._final_lowdim[k] = normalizer.normalize(k, x) if normalizer is not None else x
+                self._final_lowdim[k] = np.asarray(store.final_array(k)[:n_eps], dtype=np.float32)
         self._final_images: dict[str, Any] = {
             k: np.asarray(store.final_array(k)[:n_eps]) if cache_images else store.final_array(k)
             for k in self.image_keys

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -23,17 +23,31 @@ from torch import Tensor, nn
 
 from dmrl.models.language import LanguageConfig, LanguageEncoder
 from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig
-from dmrl.models.proprio import LowDimEncoder
+from dmrl.models.proprio import LowDimEncoder, LowDimEncoderConfig
 from dmrl.types import OBS_MODES
-
-if TYPE_CHECKING:
-    from dmrl.policies.base import ChunkConfig
 
 VECTOR_KEYS = ("joints", "force", "state")
 FRAME_KEYS = ("rgb", "depth")
 TEXT_KEYS = ("instruction",)
 ENCODER_TYPES = ("lowdim", "multimodal")
 ObsDim = int | tuple[int, ...]
+
+
+class EncoderSpec(Protocol):
+    """The fields of a policy's chunk config (base.ChunkConfig) that choose and shape its observation encoder.
+
+    A protocol rather than ChunkConfig itself, so that this module does not import base.py, which imports it.
+    """
+
+    obs_keys: tuple[str, ...]
+    encoder_type: str
+    n_obs_steps: int
+    encoder: LowDimEncoderConfig
+    multimodal: MultimodalEncoderConfig
+    language: LanguageConfig
+
+
+SpecT = TypeVar("SpecT", bound=EncoderSpec)
 
 
 def check_obs_keys(obs_keys: tuple[str, ...], encoder_type: str) -> None:
@@ -115,8 +129,8 @@ def resolve_multimodal(
 
 
 def build_encoder(
-    chunk: ChunkConfig, obs_dims: Mapping[str, ObsDim], text_encoder: nn.Module | None = None
-) -> tuple[LowDimEncoder | MultimodalEncoder, ChunkConfig]:
+    chunk: SpecT, obs_dims: Mapping[str, ObsDim], text_encoder: nn.Module | None = None
+) -> tuple[LowDimEncoder | MultimodalEncoder, SpecT]:
     """The observation encoder ``chunk`` asks for, and the chunk with its multimodal geometry resolved.
 
     lowdim: LowDimEncoder over the vector keys (normalised obs {key: (B, To, dim)} -> (B, D)). multimodal:
