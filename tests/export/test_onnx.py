@@ -13,9 +13,9 @@ from dmrl.export import ChunkGraph, OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
 from dmrl.policies import build_policy
 from dmrl.policies.base import ChunkConfig
+from dmrl.policies.checkpoint import save_policy
 from dmrl.policies.diffusion import DiffusionPolicyConfig
 from dmrl.policies.gaussian import GaussianPolicyConfig
-from dmrl.train.checkpoint import save_policy
 
 pytest.importorskip("onnxruntime")
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
 
 ART = Path(__file__).resolve().parents[1] / "artifacts"
 

@@ -25,9 +25,9 @@ from dmrl.models import (
     ViTConfig,
 )
 from dmrl.policies import POLICIES, ChunkConfig, DiffusionPolicyConfig, build_policy
+from dmrl.policies.checkpoint import load_policy, save_policy
 from dmrl.policies.gaussian import GaussianPolicyConfig
 from dmrl.policies.vae import VAEPolicyConfig
-from dmrl.train.checkpoint import load_policy, save_policy
 
 B, TO, TP, TA, DA, HW = 4, 2, 8, 4, 3, 16
 DIMS = {"rgb": (3, HW, HW), "depth": (1, HW, HW), "joints": 6, "force": 4}

@@ -8,7 +8,7 @@ import torch
 
 from dmrl.data import Normalizer
 from dmrl.policies import POLICIES, ChunkConfig, build_policy
-from dmrl.train.checkpoint import load_policy, save_policy
+from dmrl.policies.checkpoint import load_policy, save_policy
 
 OBS = {"state": 5}
 

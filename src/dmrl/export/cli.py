@@ -29,7 +29,7 @@ class ExportConfig:
 
 def run_export(cfg: ExportConfig) -> dict:
     from dmrl.export.onnx import export_onnx
-    from dmrl.train.checkpoint import load_policy
+    from dmrl.policies.checkpoint import load_policy
 
     policy, meta = load_policy(cfg.checkpoint)
     if cfg.inference_steps is not None:

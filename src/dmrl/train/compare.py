@@ -86,7 +86,7 @@ def _dataset(cfg: CompareConfig) -> Path:
 
 
 def run_compare(cfg: CompareConfig) -> dict[str, Any]:
-    from dmrl.train.checkpoint import load_policy
+    from dmrl.policies.checkpoint import load_policy
     from dmrl.train.engine import configure_cpu_threads
     from dmrl.train.evaluate import evaluate, measure_latency, save_rollout_gif
 

@@ -57,7 +57,7 @@ class EvalConfig:
 
 def run_eval(cfg: EvalConfig) -> dict:
     from dmrl.envs.plotting import save_path_plot
-    from dmrl.train.checkpoint import load_policy
+    from dmrl.policies.checkpoint import load_policy
     from dmrl.train.engine import configure_cpu_threads
     from dmrl.train.evaluate import check_drop, evaluate, measure_latency, save_rollout_gif, set_action_steps
 
