@@ -1,4 +1,4 @@
-"""Shared helpers for benchmark scripts: machine description and result writing (JSON + markdown)."""
+"""Shared helpers for benchmark scripts: argument parsing, machine description and result writing (JSON + markdown)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(cls: type[T], doc: str | None, argv: list[str] | None = None, allow_empty: tuple[str, ...] = ()) -> T:
+    """The script's flags from a dataclass ``cls`` (tyro, as the ``dmrl`` CLI): one kebab-case flag per field, its
+    docstring the help; ``argv`` defaults to sys.argv[1:]. A boolean field is one ``--flag`` (no ``--no-flag``). A list
+    flag given with no values is an error (as argparse's ``nargs="+"``) unless its field is in ``allow_empty``."""
+    import dataclasses
+
+    import tyro
+
+    args = tyro.cli(cls, args=argv, description=doc, config=(tyro.conf.FlagCreatePairsOff,))
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, list) and not value and f.name not in allow_empty:
+            print(f"--{f.name.replace('_', '-')}: expected at least one value", file=sys.stderr)
+            raise SystemExit(2)
+    return args
 
 
 def machine() -> dict:

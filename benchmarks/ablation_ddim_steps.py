@@ -7,14 +7,15 @@ on one CPU thread, median of repeated calls.
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 
@@ -31,15 +32,24 @@ def chunk_latency_ms(policy, obs_dim: int, repeats: int = 50) -> float:
     return float(np.median(times))
 
 
+@dataclass
+class Args:
+    checkpoint: Path
+    """a trained diffusion run's checkpoint/ folder"""
+    episodes: int = 100
+    """evaluation episodes per step count"""
+    steps: list[int] = field(default_factory=lambda: [1, 2, 5, 10, 20, 50])
+    """DDIM step counts S"""
+    seed: int = 100_000
+    """first evaluation seed"""
+    head: Literal["both", "eps", "x0", "blend"] = "both"
+    """hybrid: sampling head"""
+    name: str = "ablation_ddim_steps"
+    """results file stem"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--checkpoint", type=Path, required=True)
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--steps", type=int, nargs="+", default=[1, 2, 5, 10, 20, 50])
-    ap.add_argument("--seed", type=int, default=100_000)
-    ap.add_argument("--head", choices=["both", "eps", "x0", "blend"], default="both", help="hybrid: sampling head")
-    ap.add_argument("--name", default="ablation_ddim_steps", help="results file stem")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     torch.set_num_threads(1)
     policy, meta = load_policy(args.checkpoint)
     rows = []

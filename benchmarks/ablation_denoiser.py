@@ -10,17 +10,17 @@ choose the comparison's settings. Two runs train at a time, each on one thread.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import multiprocessing as mp
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.config import TrainConfig, load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,16 +52,26 @@ def _chunk_ms(run_dir: Path) -> tuple[float, int]:
     return float(np.median(times)), sum(p.numel() for p in policy.denoiser.parameters())
 
 
+@dataclass
+class Args:
+    dataset: Path
+    """the comparison's dataset (zarr store)"""
+    config: Path = ROOT / "configs" / "compare_state.yaml"
+    """preset whose diffusion settings every run uses"""
+    denoisers: list[str] = field(default_factory=lambda: list(DENOISERS))
+    """denoisers to train (mlp, unet, transformer)"""
+    steps: int = 1500
+    """optimizer steps of each run"""
+    batch_size: int = 128
+    """batch size of each run"""
+    episodes: int = 100
+    """evaluation episodes per run"""
+    out: Path = ROOT / "outputs" / "ablation_denoiser"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dataset", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
-    ap.add_argument("--denoisers", nargs="+", default=list(DENOISERS))
-    ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "ablation_denoiser")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     preset = load_yaml(args.config)
     template = merge(TrainConfig(), preset.get("train", {}))
     lr = float(preset.get("lrs", [template.optim.lr])[-1])

@@ -7,15 +7,15 @@ configs/compare_state.yaml; only the prediction type and the seed change. Two ru
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import multiprocessing as mp
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.config import TrainConfig, load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,16 +27,26 @@ def _run(cfg: TrainConfig) -> dict:
     return train_bc(cfg, progress=False)
 
 
+@dataclass
+class Args:
+    dataset: Path
+    """the comparison's dataset (zarr store)"""
+    config: Path = ROOT / "configs" / "compare_state.yaml"
+    """preset whose diffusion settings every run uses"""
+    types: list[str] = field(default_factory=lambda: ["epsilon", "sample", "v", "hybrid"])
+    """prediction types to train"""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """training seeds per prediction type"""
+    episodes: int = 100
+    """evaluation episodes per run"""
+    steps: int | None = None
+    """override the preset's training steps"""
+    out: Path = ROOT / "outputs" / "ablation_prediction"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dataset", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
-    ap.add_argument("--types", nargs="+", default=["epsilon", "sample", "v", "hybrid"])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "ablation_prediction")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     template = merge(TrainConfig(), load_yaml(args.config).get("train", {}))
     if args.steps is not None:
         template = merge(template, {"steps": args.steps})

@@ -7,24 +7,29 @@ episodes, route_left, route_right, collision_rate, jerk, latency_ms), plus docs/
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from _common import RESULTS, machine
+from _common import RESULTS, machine, parse_args
 from dmrl.config import load_yaml, merge
 from dmrl.train.compare import CompareConfig, run_compare
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "compare_state.yaml"
+    """the comparison preset (YAML)"""
+    out: Path = ROOT / "outputs" / "compare_state"
+    """dataset, runs and report go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "compare_state")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     cfg = merge(CompareConfig(), {**load_yaml(args.config), "out": args.out})
     report = run_compare(cfg)
     report["meta"] = {**machine(), "command": " ".join(["python", *sys.argv]), "config": str(args.config)}

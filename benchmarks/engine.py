@@ -12,7 +12,6 @@ on CUDA, benchmarks/gpu_check.py reports the allocator's real peak as well.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,12 +20,13 @@ import sys
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.policies import ChunkConfig
 from dmrl.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from dmrl.train.engine import Engine, EngineConfig, set_grad_checkpointing
@@ -243,10 +243,14 @@ def bench_throughput() -> None:
     write_results("engine_throughput", rows, meta, list(rows[0]))
 
 
+@dataclass
+class Args:
+    only: list[str] = field(default_factory=lambda: ["memory", "precision", "compile", "throughput"])
+    """which benchmarks to run"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--only", nargs="+", default=["memory", "precision", "compile", "throughput"])
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*far slower.*")
     for name in args.only:

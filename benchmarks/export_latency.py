@@ -8,15 +8,15 @@ Writes benchmarks/results/export_latency.json and .md. Each row also reports the
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.export import OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
 from dmrl.policies import build_policy
@@ -64,11 +64,16 @@ def _row(name: str, policy, reps: int, tmp: Path) -> dict:
     }
 
 
+@dataclass
+class Args:
+    checkpoints: list[Path] = field(default_factory=list)
+    """trained diffusion checkpoints instead"""
+    reps: int = 200
+    """timed calls per measurement"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--checkpoints", type=Path, nargs="*", default=[], help="trained diffusion checkpoints instead")
-    ap.add_argument("--reps", type=int, default=200)
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__, allow_empty=("checkpoints",))
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as d:

@@ -13,17 +13,17 @@ Writes benchmarks/results/engine_gpu.{json,md}:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.train.engine import Engine, EngineConfig, set_grad_checkpointing
 from engine import DENOISERS, _batch, _policy, _step_times, _synthetic_store
 
@@ -135,10 +135,14 @@ def check_memory(batch: int = 128) -> list[dict]:
     return rows
 
 
+@dataclass
+class Args:
+    steps: int = 300
+    """training steps of the precision check"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--steps", type=int, default=300)
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     if not torch.cuda.is_available():
         sys.exit("gpu_check.py: no CUDA device here; run it on a GPU machine (CI has none)")
     rows = check_precision(args.steps) + check_ddp() + check_compile() + check_memory()

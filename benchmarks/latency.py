@@ -7,23 +7,28 @@ action queue; every Ta-th call plans a chunk), `chunk` is predict_chunk alone.
 
 from __future__ import annotations
 
-import argparse
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.evaluate import measure_latency
 
 
+@dataclass
+class Args:
+    runs: list[Path]
+    """directories holding */checkpoint"""
+    steps: int = 400
+    """closed-loop env steps timed per policy"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=Path, nargs="+", required=True, help="directories holding */checkpoint")
-    ap.add_argument("--steps", type=int, default=400)
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     torch.set_num_threads(1)
     rows = []
     for ckpt in sorted(c for runs in args.runs for c in runs.glob("*/checkpoint")):

@@ -10,27 +10,35 @@ what they give up.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import multiprocessing as mp
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from ablation_denoiser import _chunk_ms, _run
 from dmrl.config import TrainConfig, load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@dataclass
+class Args:
+    dataset: Path
+    """the comparison's dataset (zarr store)"""
+    config: Path = ROOT / "configs" / "compare_state.yaml"
+    """preset whose diffusion settings every run uses"""
+    sizes: list[str] = field(default_factory=lambda: ["256x2", "384x3", "512x4"])
+    """HIDDENxBLOCKS"""
+    episodes: int = 100
+    """evaluation episodes per size"""
+    out: Path = ROOT / "outputs" / "mlp_size"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--dataset", type=Path, required=True)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "compare_state.yaml")
-    ap.add_argument("--sizes", nargs="+", default=["256x2", "384x3", "512x4"], help="HIDDENxBLOCKS")
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "mlp_size")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     preset = load_yaml(args.config)
     template = merge(TrainConfig(), preset.get("train", {}))
     lr = float(preset.get("lrs", [template.optim.lr])[-1])

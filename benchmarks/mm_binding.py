@@ -11,14 +11,16 @@ prediction in cm. It reads the head only: what the actions do with that knowledg
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 
+from _common import parse_args
 from dmrl.envs import make_env
 from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.observations import roll_history, step_tensors
@@ -58,14 +60,22 @@ def binding(policy: ChunkPolicy, meta: dict, scenes: int, paraphrases: str, seed
     }
 
 
+@dataclass
+class Args:
+    checkpoint: Path
+    """a multimodal run's checkpoint/ folder (chunk.aux_state starting with 7 8 9)"""
+    scenes: int = 200
+    """fresh scenes to probe"""
+    paraphrases: Literal["train", "heldout"] = "train"
+    """instruction paraphrase set"""
+    seed: int = 100_000
+    """first scene seed (collection uses 0 and up)"""
+    out: Path | None = None
+    """write the result as JSON here"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", type=Path, required=True)
-    ap.add_argument("--scenes", type=int, default=200)
-    ap.add_argument("--paraphrases", default="train", choices=["train", "heldout"])
-    ap.add_argument("--seed", type=int, default=100_000, help="first scene seed (collection uses 0 and up)")
-    ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
-    args = ap.parse_args(argv)
+    args = parse_args(Args, __doc__.splitlines()[0], argv)
     if args.scenes < 1:
         print(f"--scenes: need at least 1, got {args.scenes}", file=sys.stderr)
         return 2

@@ -14,14 +14,14 @@ Writes benchmarks/results/release_timing_NAME.json and .md.
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.data import EpisodeStore
 from dmrl.train.checkpoint import load_policy
 
@@ -62,15 +62,24 @@ def release_offsets(ckpt: Path, dataset: Path, episodes: int, max_k: int, seed: 
     return {k: np.asarray(v) for k, v in out.items()}
 
 
+@dataclass
+class Args:
+    checkpoint: Path
+    """a run's checkpoint/ folder"""
+    dataset: Path
+    """the store the policy was trained on (or alike)"""
+    name: str
+    """results file suffix: release_timing_NAME"""
+    episodes: int = 50
+    """dataset episodes probed"""
+    max_k: int = 10
+    """largest k (steps before the release)"""
+    seed: int = 0
+    """sampling seed"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", type=Path, required=True)
-    ap.add_argument("--dataset", type=Path, required=True, help="the store the policy was trained on (or alike)")
-    ap.add_argument("--name", required=True, help="results file suffix: release_timing_NAME")
-    ap.add_argument("--episodes", type=int, default=50)
-    ap.add_argument("--max-k", type=int, default=10)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     if not (args.checkpoint / "config.json").is_file():
         sys.exit(f"--checkpoint {args.checkpoint}: no config.json; pass a run's checkpoint directory")
     if not args.dataset.exists():

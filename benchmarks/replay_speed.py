@@ -7,13 +7,13 @@ is one action chunk with To=2, S=31, Tp=16, Da=6, Ta=8 (about 0.9 kB, so 1M item
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.data.replay import ReplayBuffer, ReplayConfig
 
 SPEC = {
@@ -43,11 +43,16 @@ def _rate(fn, n_items: int, seconds: float) -> float:
     return calls * n_items / dt
 
 
+@dataclass
+class Args:
+    capacity: int = 1_000_000
+    """replay capacity"""
+    seconds: float = 3.0
+    """time spent on each rate measurement"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--capacity", type=int, default=1_000_000)
-    ap.add_argument("--seconds", type=float, default=3.0, help="time spent on each rate measurement")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     cap = args.capacity
     rng = np.random.default_rng(0)
     rows: list[dict] = []

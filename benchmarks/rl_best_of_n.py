@@ -9,13 +9,13 @@ Writes benchmarks/results/rl_best_of_n.json and .md (or --name), one row per (ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.config import TrainConfig, from_dict
 from dmrl.data import EpisodeStore
 from dmrl.train.engine import Engine, EngineConfig, load_latest_state
@@ -42,15 +42,24 @@ def load_run(run: Path):
     return algo.eval(), cfg, store
 
 
+@dataclass
+class Args:
+    runs: list[Path]
+    """finished diffusion-ql run directories"""
+    n: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """chunks sampled per decision"""
+    episodes: int = 50
+    """evaluation episodes per (run, N)"""
+    seed: int = 200_000
+    """first episode seed (200000..: selection seeds)"""
+    envs: int = 2
+    """parallel evaluation environments"""
+    name: str = "rl_best_of_n"
+    """results file stem"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--runs", type=Path, nargs="+", required=True)
-    ap.add_argument("--n", type=int, nargs="+", default=[1, 4, 16], help="chunks sampled per decision")
-    ap.add_argument("--episodes", type=int, default=50)
-    ap.add_argument("--seed", type=int, default=200_000, help="first episode seed (200000..: selection seeds)")
-    ap.add_argument("--envs", type=int, default=2)
-    ap.add_argument("--name", default="rl_best_of_n")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     if min(args.n) < 1:
         sys.exit(f"--n: got {min(args.n)}; need >= 1 samples per decision")
     t0, rows = time.perf_counter(), []

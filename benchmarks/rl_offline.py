@@ -10,15 +10,16 @@ in docs/rl_offline.png and kept in benchmarks/results/rl_offline_curves.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from _common import RESULTS, machine, write_results
+from _common import RESULTS, machine, parse_args, write_results
 from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, plot_curves, read_curve, run_all, template
 from dmrl.train.metrics import wilson_interval
 
@@ -30,6 +31,7 @@ ALGOS = {  # name -> (algo, policy, overrides)
     "diffusion-ql-aw": ("diffusion-ql", "diffusion", {"diffusion_ql": {"eta": 0.0, "bc_weighting": "advantage"}}),
     "td3-bc": ("td3-bc", "gaussian", {}),
 }
+Algo = Literal[tuple(ALGOS)]  # --algos choices
 
 
 def pooled(name: str, summaries: list[dict]) -> dict:
@@ -56,26 +58,34 @@ def pooled(name: str, summaries: list[dict]) -> dict:
     }
 
 
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "rl_offline.yaml"
+    """actor and critic preset"""
+    dataset: Path = ROOT / "outputs" / "rl" / "mixed.zarr"
+    """the mixed dataset (made when missing)"""
+    algos: list[Algo] = field(default_factory=lambda: list(ALGOS))
+    """algorithms to train"""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """training seeds per algorithm"""
+    steps: int | None = None
+    """override the preset's training steps"""
+    parallel: int = 2
+    """runs trained at a time"""
+    etas: list[float] = field(default_factory=lambda: [0.05, 0.2, 1.0])
+    """Diffusion-QL Q weights tried on seed 0, scored on the selection seeds; the best one is compared"""
+    select_episodes: int = 50
+    """episodes per eta on the selection seeds"""
+    curve_every: int = 250
+    """updates between learning-curve points (0: none)"""
+    curve_episodes: int = 20
+    """episodes per curve point (seeds 100000..)"""
+    out: Path = ROOT / "outputs" / "rl_offline"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
-    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "rl" / "mixed.zarr")
-    ap.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
-    ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument(
-        "--etas",
-        type=float,
-        nargs="+",
-        default=[0.05, 0.2, 1.0],
-        help="Diffusion-QL Q weights tried on seed 0, scored on the selection seeds; the best one is compared",
-    )
-    ap.add_argument("--select-episodes", type=int, default=50)
-    ap.add_argument("--curve-every", type=int, default=250, help="updates between learning-curve points (0: none)")
-    ap.add_argument("--curve-episodes", type=int, default=20, help="episodes per curve point (seeds 100000..)")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_offline")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     t0 = time.perf_counter()
     make_mixed(args.dataset)
     extra = {} if args.steps is None else {"steps": args.steps}

@@ -8,13 +8,14 @@ Writes benchmarks/results/rl_throughput.json and .md. Actor and critic settings:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from _rl import ROOT, make_mixed, template
 
 
@@ -33,15 +34,24 @@ def rates(metrics: Path) -> dict:
     }
 
 
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "rl_offline.yaml"
+    """actor and critic preset"""
+    dataset: Path = ROOT / "outputs" / "rl" / "mixed.zarr"
+    """the mixed dataset (shapes the actor and its normaliser; made when missing)"""
+    collectors: list[int] = field(default_factory=lambda: [1, 2])
+    """collector process counts to measure"""
+    updates: int = 300
+    """updates per run"""
+    algo: Literal["diffusion-ql", "td3-bc"] = "diffusion-ql"
+    """algorithm"""
+    out: Path = ROOT / "outputs" / "rl_throughput"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
-    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "rl" / "mixed.zarr")
-    ap.add_argument("--collectors", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--updates", type=int, default=300)
-    ap.add_argument("--algo", default="diffusion-ql", choices=["diffusion-ql", "td3-bc"])
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_throughput")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     from dmrl.train.online import train_online
 
     make_mixed(args.dataset)

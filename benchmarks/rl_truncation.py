@@ -10,13 +10,16 @@ configs/rl_offline.yaml.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
-from _common import RESULTS, machine, write_results
+import tyro
+
+from _common import RESULTS, machine, parse_args, write_results
 from _rl import ROOT, make_mixed, plot_curves, read_curve, run_all, template, train_one
 from rl_offline import pooled
 
@@ -25,21 +28,49 @@ def _k(text: str) -> int | None:
     return None if text.upper() == "S" else int(text)
 
 
+# One --ks value: an int, or S (None: the gradient through all DDIM steps).
+K = Annotated[
+    int | None,
+    tyro.constructors.PrimitiveConstructorSpec(
+        nargs=1,
+        metavar="K|S",
+        instance_from_str=lambda a: _k(a[0]),
+        is_instance=lambda x: x is None or isinstance(x, int),
+        str_from_instance=lambda x: ["S" if x is None else str(x)],
+    ),
+]
+
+
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "rl_offline.yaml"
+    """actor and critic preset"""
+    dataset: Path = ROOT / "outputs" / "rl" / "mixed.zarr"
+    """the mixed dataset (made when missing)"""
+    ks: list[K] = field(default_factory=lambda: [1, 2, None])
+    """k values; S means all steps"""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    """training seeds per k"""
+    steps: int | None = None
+    """override the preset's training steps"""
+    speed_steps: int = 100
+    """updates of each throughput measurement"""
+    parallel: int = 2
+    """runs trained at a time"""
+    speed_only: bool = False
+    """measure throughput only (no training to the end)"""
+    curve_every: int = 250
+    """as rl_offline.py's (k = S reuses its run)"""
+    curve_episodes: int = 20
+    """episodes per curve point"""
+    offline_out: Path = ROOT / "outputs" / "rl_offline"
+    """rl_offline.py's run directories (k = S)"""
+    out: Path = ROOT / "outputs" / "rl_truncation"
+    """run directories go here"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
-    ap.add_argument("--dataset", type=Path, default=ROOT / "outputs" / "rl" / "mixed.zarr")
-    ap.add_argument("--ks", type=_k, nargs="+", default=[1, 2, None], help="k values; S means all steps")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=None, help="override the preset's training steps")
-    ap.add_argument("--speed-steps", type=int, default=100, help="updates of each throughput measurement")
-    ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--speed-only", action="store_true", help="measure throughput only (no training to the end)")
-    ap.add_argument("--curve-every", type=int, default=250, help="as rl_offline.py's (k = S reuses its run)")
-    ap.add_argument("--curve-episodes", type=int, default=20)
-    ap.add_argument("--offline-out", type=Path, default=ROOT / "outputs" / "rl_offline")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_truncation")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     t0 = time.perf_counter()
     make_mixed(args.dataset)
     extra = {} if args.steps is None else {"steps": args.steps}
