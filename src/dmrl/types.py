@@ -7,7 +7,8 @@ S privileged state dims.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,32 @@ def parse_obs_modes(modes: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
     return tuple(m for m in OBS_MODES if m in items)
 
 
-@dataclass
+@dataclass(frozen=True)
+class InfoField:
+    """One task-specific value an episode reports (task metadata ``episode_info``, see envs/registry.py).
+
+    Free text by default; with ``categories`` one of those values (None allowed), stored as an int8 code.
+    """
+
+    categories: tuple[str | None, ...] | None = None
+
+    def check(self, name: str, value: Any) -> None:
+        """One-line ValueError for a value this field cannot store."""
+        if self.categories is not None and value not in self.categories:
+            raise ValueError(f"Episode.task_info[{name!r}]: got {value!r}; allowed: {list(self.categories)}")
+        if self.categories is None and not isinstance(value, str):
+            raise ValueError(f"Episode.task_info[{name!r}]: got {value!r}; allowed a string")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"categories": list(self.categories)} if self.categories is not None else {}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> InfoField:
+        cats = doc.get("categories")
+        return cls(tuple(cats) if cats is not None else None)
+
+
+@dataclass(init=False)
 class Episode:
     """One recorded episode, as the collector hands it to the episode store.
 
@@ -48,6 +74,9 @@ class Episode:
       final_obs[k] (...)   the observation after the last action (for bootstrapping truncated episodes)
       actions     float32 (T, Da) in [-1, 1]
       rewards     float32 (T,)
+
+    ``info`` holds numbers (e.g. collision, first_step of a recovery); ``task_info`` the task's own per-episode
+    values that its metadata declares (MultiPath: route, target; another task: its own keys, or none).
     """
 
     obs: dict[str, np.ndarray]
@@ -57,13 +86,35 @@ class Episode:
     terminated: bool
     truncated: bool
     instruction: str
-    target: str
-    route: str | None
     success: bool
     seed: int
-    info: dict[str, float] = field(default_factory=dict)
+    info: dict[str, float]
+    task_info: dict[str, Any]
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        obs: dict[str, np.ndarray],
+        final_obs: dict[str, np.ndarray],
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        terminated: bool,
+        truncated: bool,
+        instruction: str,
+        success: bool,
+        seed: int,
+        info: dict[str, float] | None = None,
+        task_info: dict[str, Any] | None = None,
+        **legacy: Any,
+    ) -> None:
+        # route= / target= are MultiPath's task_info, accepted as keywords for code written before task_info.
+        bad = sorted(set(legacy) - {"route", "target"})
+        if bad:
+            raise TypeError(f"Episode: unexpected keyword argument(s) {bad}")
+        self.obs, self.final_obs, self.actions, self.rewards = obs, final_obs, actions, rewards
+        self.terminated, self.truncated, self.instruction = terminated, truncated, instruction
+        self.success, self.seed = success, seed
+        self.info = {} if info is None else info
+        self.task_info = {**legacy, **(task_info or {})}
         t = len(self.actions)
         if self.actions.ndim != 2 or t == 0:
             raise ValueError(f"Episode.actions must be (T, Da) with T >= 1, got shape {self.actions.shape}")
@@ -72,7 +123,17 @@ class Episode:
         for k, v in self.obs.items():
             if len(v) != t:
                 raise ValueError(f"Episode.obs[{k!r}] has {len(v)} steps, actions have {t}")
-        route_to_id(self.route)
+        if "route" in self.task_info:
+            route_to_id(self.task_info["route"])
+
+    # MultiPath's task_info under its old attribute names (None where the task has no such value).
+    @property
+    def route(self) -> str | None:
+        return self.task_info.get("route")
+
+    @property
+    def target(self) -> str | None:
+        return self.task_info.get("target")
 
     @property
     def length(self) -> int:

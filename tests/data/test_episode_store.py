@@ -146,3 +146,43 @@ def test_store_without_instruction_or_images(tmp_path):
             obs_spec={},
             action_dim=1,
         )
+
+
+def test_store_from_before_task_metadata_reads_as_before(filled_store, store_path):
+    # A store written before the episode_info attribute existed: MultiPath's route and target columns.
+    import zarr
+
+    expected = [filled_store.episode(i) for i in range(filled_store.n_episodes)]
+    del zarr.open_group(str(store_path), mode="r+").attrs["episode_info"]
+    old = EpisodeStore.open(store_path, "a")
+    assert set(old.episode_info) == {"route", "target"} and old.meta("route").dtype == np.int8
+    for i, ep in enumerate(expected):
+        assert_episode_equal(old.episode(i), ep)
+    assert old.summary()["routes"] == filled_store.summary()["routes"]
+    old.append(make_episode(9))
+    assert EpisodeStore.open(store_path).routes()[-1] == make_episode(9).route
+
+
+def test_task_info_is_the_tasks_own(store_path):
+    from dmrl.types import InfoField
+
+    store = create_store(store_path, episode_info={"bin": InfoField(), "side": InfoField(categories=("a", "b"))})
+    ep = make_episode(1)
+    ep.task_info = {"bin": "blue", "side": "b"}
+    store.append(ep)
+    back = EpisodeStore.open(store_path).episode(0)
+    assert back.task_info == {"bin": "blue", "side": "b"} and back.route is None
+    assert "routes" not in store.summary() and store.task_values("side") == ["b"]
+    with pytest.raises(StoreError, match="no per-episode 'route'"):
+        store.routes()
+    ep.task_info = {"bin": "blue"}
+    with pytest.raises(ValueError, match="task_info: got keys"):
+        store.append(ep)
+    ep.task_info = {"bin": "blue", "side": "c"}
+    with pytest.raises(ValueError, match=r"task_info\['side'\]"):
+        store.append(ep)
+    empty = create_store(store_path.with_name("none.zarr"), episode_info={})
+    plain = make_episode(2)
+    plain.task_info = {}
+    empty.append(plain)
+    assert EpisodeStore.open(empty.path).episode(0).task_info == {}

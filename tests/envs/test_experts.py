@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dmrl.data.collect import record_episode
 from dmrl.envs import make_env
-from dmrl.envs.collect import record_episode
 from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
 
 TASKS = ["dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"]

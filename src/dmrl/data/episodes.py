@@ -8,9 +8,11 @@ On-disk layout (zarr v3, local directory; N = committed steps, E = committed epi
     data/actions                (N, Da) float32
     data/rewards                (N,) float32
     final/<mode>                (E, ...)  observation after each episode's last action
-    meta/route                  (E,) int8 (index into ROUTES)
     meta/success|terminated|truncated (E,) bool · meta/return (E,) float32 · meta/seed (E,) int64
-    meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (target, instruction, info as JSON)
+    meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (instruction, info as JSON)
+    meta/<task key>             the task's own per-episode values (attr episode_info, see types.InfoField): a
+                                categorical one as (E,) int8 codes, a text one as ragged UTF-8 like the above.
+                                A store without the attr is MultiPath's: route (int8 code into ROUTES), target.
     meta/episode_ends           (E,) int64 cumulative end step, fill -1; written LAST = the commit
 
 Why this is crash-safe: zarr's LocalStore writes every chunk and metadata file to a temp file and renames
@@ -43,12 +45,11 @@ from dmrl.data._zarr_utils import (
     write_batch,
     write_rows,
 )
-from dmrl.types import ARRAY_MODES, ROUTES, Episode, parse_obs_modes, route_to_id
+from dmrl.types import ARRAY_MODES, ROUTES, Episode, InfoField, parse_obs_modes
 
 FORMAT_VERSION = 1
 #: Per-episode numeric columns and their stored dtypes (besides `episode_ends`).
 META_COLUMNS: dict[str, str] = {
-    "route": "int8",
     "success": "bool",
     "return": "float32",
     "seed": "int64",
@@ -58,8 +59,11 @@ META_COLUMNS: dict[str, str] = {
 #: Per-episode strings. Stored as ragged UTF-8 (a uint8 byte array + int64 end offsets) rather than zarr's
 #: string dtype: plain numeric arrays are core zarr v3, behave the same on numpy 1.26 and 2.x, and take
 #: part in the same resize/truncate commit logic as every other column.
-TEXT_COLUMNS: tuple[str, ...] = ("target", "instruction", "info")
+TEXT_COLUMNS: tuple[str, ...] = ("instruction", "info")
 _RESERVED_ATTRS = ("dmrl_format_version", "env_id", "obs_modes", "action_meaning", "action_dim", "obs_spec")
+#: The task columns of a store written before task metadata existed (all of them MultiPath's); also the default
+#: of `create`, so that callers written before then keep writing the same layout.
+LEGACY_EPISODE_INFO: dict[str, InfoField] = {"route": InfoField(categories=ROUTES), "target": InfoField()}
 
 ObsSpec = dict[str, tuple[tuple[int, ...], str]]
 
@@ -74,6 +78,10 @@ class EpisodeStore:
         self._root = root
         self._attrs = _parse_attrs(path, dict(root.attrs))
         self.array_modes: tuple[str, ...] = tuple(m for m in self.obs_modes if m in ARRAY_MODES)
+        self.episode_info: dict[str, InfoField] = _episode_info(path, self._attrs)
+        cats = {k: "int8" for k, f in self.episode_info.items() if f.categories is not None}
+        self._meta_dtypes: dict[str, str] = {**META_COLUMNS, **cats}
+        self._text_names = (*TEXT_COLUMNS, *(k for k, f in self.episode_info.items() if f.categories is None))
         self._load()
 
     # ------------------------------------------------------------------ create / open
@@ -89,16 +97,25 @@ class EpisodeStore:
         action_dim: int,
         extra_attrs: dict[str, Any] | None = None,
         overwrite: bool = False,
+        episode_info: dict[str, InfoField] | None = None,
     ) -> EpisodeStore:
-        """Create an empty store at `path`, open for append; refuses an existing path unless `overwrite`."""
+        """Create an empty store at `path`, open for append; refuses an existing path unless `overwrite`.
+
+        ``episode_info``: the task's own per-episode values (its registry metadata); None: MultiPath's route and
+        target (LEGACY_EPISODE_INFO), {} for a task without any.
+        """
         path = Path(path)
+        info_spec = dict(LEGACY_EPISODE_INFO if episode_info is None else episode_info)
+        taken = sorted(set(info_spec) & {*META_COLUMNS, *TEXT_COLUMNS, "episode_ends"})
+        if taken:
+            raise ValueError(f"episode_info: keys {taken} clash with the store's own columns; rename them")
         modes = parse_obs_modes(obs_modes)
         array_modes = [m for m in modes if m in ARRAY_MODES]
         if sorted(obs_spec) != sorted(array_modes):
             raise ValueError(f"obs_spec keys {sorted(obs_spec)} must equal the array obs_modes {array_modes}")
         if len(action_meaning) != action_dim:
             raise ValueError(f"action_meaning has {len(action_meaning)} names but action_dim is {action_dim}")
-        clash = sorted(set(extra_attrs or {}) & set(_RESERVED_ATTRS))
+        clash = sorted(set(extra_attrs or {}) & {*_RESERVED_ATTRS, "episode_info"})
         if clash:
             raise ValueError(f"extra_attrs may not redefine reserved store attributes {clash}")
         if path.exists():
@@ -121,6 +138,7 @@ class EpisodeStore:
             "obs_spec": {
                 m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name} for m in array_modes
             },
+            "episode_info": {k: f.to_json() for k, f in info_spec.items()},
             **(extra_attrs or {}),
         }
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
@@ -134,9 +152,10 @@ class EpisodeStore:
             new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
         new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
         new("data/rewards", (0,), step_chunks((), "float32"), "float32")
-        for name, dtype in META_COLUMNS.items():
+        categorical = [k for k, f in info_spec.items() if f.categories is not None]
+        for name, dtype in {**META_COLUMNS, **dict.fromkeys(categorical, "int8")}.items():
             new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
-        for name in TEXT_COLUMNS:
+        for name in (*TEXT_COLUMNS, *(k for k in info_spec if k not in categorical)):
             new(f"meta/{name}/utf8", (0,), (1 << 16,), "uint8")
             new(f"meta/{name}/ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
         # The -1 fill is what makes an entry whose chunk never got written read as "not committed".
@@ -168,8 +187,8 @@ class EpisodeStore:
         self._obs = {m: req(f"data/obs/{m}") for m in self.array_modes}
         self._final = {m: req(f"final/{m}") for m in self.array_modes}
         self._actions, self._rewards = req("data/actions"), req("data/rewards")
-        self._meta_arrays = {name: req(f"meta/{name}") for name in META_COLUMNS}
-        self._text_arrays = {n: (req(f"meta/{n}/utf8"), req(f"meta/{n}/ends")) for n in TEXT_COLUMNS}
+        self._meta_arrays = {name: req(f"meta/{name}") for name in self._meta_dtypes}
+        self._text_arrays = {n: (req(f"meta/{n}/utf8"), req(f"meta/{n}/ends")) for n in self._text_names}
         self._ends_array = req("meta/episode_ends")
 
         step_arrays = [*self._obs.values(), self._actions, self._rewards]
@@ -228,7 +247,7 @@ class EpisodeStore:
         writes.append((self._actions, s0, np.asarray(ep.actions, dtype=np.float32)))
         writes.append((self._rewards, s0, np.asarray(ep.rewards, dtype=np.float32)))
         values = {
-            "route": route_to_id(ep.route),
+            **{k: f.categories.index(ep.task_info[k]) for k, f in self.episode_info.items() if f.categories},
             "success": bool(ep.success),
             "return": ep.episode_return,
             "seed": int(ep.seed),
@@ -236,9 +255,9 @@ class EpisodeStore:
             "truncated": bool(ep.truncated),
         }
         for name, value in values.items():
-            writes.append((self._meta_arrays[name], e, np.asarray([value], dtype=META_COLUMNS[name])))
+            writes.append((self._meta_arrays[name], e, np.asarray([value], dtype=self._meta_dtypes[name])))
         texts = {
-            "target": ep.target,
+            **{k: ep.task_info[k] for k, f in self.episode_info.items() if f.categories is None},
             "instruction": ep.instruction,
             # default=float: collectors often hand numpy scalars, which json cannot encode itself
             "info": json.dumps(ep.info, sort_keys=True, default=float),
@@ -252,7 +271,7 @@ class EpisodeStore:
         write_rows(self._ends_array, e, np.asarray([s0 + ep.length], dtype=np.int64))  # the commit
         self._ends.append(s0 + ep.length)
         for name, value in values.items():
-            self._meta[name].append(np.asarray(value, dtype=META_COLUMNS[name]).item())
+            self._meta[name].append(np.asarray(value, dtype=self._meta_dtypes[name]).item())
         for name, text in texts.items():
             self._text[name].append(text)
             self._text_bytes[name] += len(text.encode("utf-8"))
@@ -278,6 +297,14 @@ class EpisodeStore:
                     )
         if ep.actions.shape[1] != self.action_dim:
             raise ValueError(f"Episode.actions: got Da={ep.actions.shape[1]}, store expects {self.action_dim}")
+        have, want = set(ep.task_info), set(self.episode_info)
+        if have != want:
+            raise ValueError(
+                f"Episode.task_info: got keys {sorted(have)}; store {self.path} keeps {sorted(want)} "
+                "(the task's registered episode_info)"
+            )
+        for k, f in self.episode_info.items():
+            f.check(k, ep.task_info[k])
 
     # ------------------------------------------------------------------ reading
     @property
@@ -316,10 +343,11 @@ class EpisodeStore:
         return np.diff(self.episode_ends, prepend=0)
 
     def meta(self, name: str) -> np.ndarray:
-        """(E,) one per-episode column: route (int8 code), success, return, seed, terminated, truncated."""
-        if name not in META_COLUMNS:
-            raise KeyError(f"meta column {name!r} unknown; have: {', '.join(META_COLUMNS)}")
-        return np.asarray(self._meta[name], dtype=META_COLUMNS[name])
+        """(E,) one per-episode column: success, return, seed, terminated, truncated, or a categorical task
+        column's int8 codes (MultiPath: route)."""
+        if name not in self._meta_dtypes:
+            raise KeyError(f"meta column {name!r} unknown; have: {', '.join(self._meta_dtypes)}")
+        return np.asarray(self._meta[name], dtype=self._meta_dtypes[name])
 
     @property
     def success(self) -> np.ndarray:
@@ -346,14 +374,29 @@ class EpisodeStore:
         """(E,) bool"""
         return self.meta("truncated")
 
+    def task_values(self, name: str) -> list[Any]:
+        """Each episode's value of the task's own key ``name`` (one of ``episode_info``)."""
+        if name not in self.episode_info:
+            raise StoreError(
+                f"dmrl store {self.path}: no per-episode {name!r} (its task keeps: "
+                f"{', '.join(self.episode_info) or 'none'})"
+            )
+        return [self._task_value(name, i) for i in range(self.n_episodes)]
+
+    def _task_value(self, name: str, i: int) -> Any:
+        cats = self.episode_info[name].categories
+        return self._text[name][i] if cats is None else cats[int(self._meta[name][i])]
+
     def routes(self) -> list[str | None]:
-        return [ROUTES[int(r)] for r in self._meta["route"]]
+        """MultiPath: each episode's route (left, right or None)."""
+        return self.task_values("route")
 
     def instructions(self) -> list[str]:
         return list(self._text["instruction"])
 
     def targets(self) -> list[str]:
-        return list(self._text["target"])
+        """MultiPath: each episode's named cup."""
+        return self.task_values("target")
 
     def infos(self) -> list[dict[str, float]]:
         """Each episode's ``info`` dict (e.g. collision, first_step of a recovery episode)."""
@@ -379,11 +422,10 @@ class EpisodeStore:
             terminated=bool(self._meta["terminated"][i]),
             truncated=bool(self._meta["truncated"][i]),
             instruction=self._text["instruction"][i],
-            target=self._text["target"][i],
-            route=ROUTES[int(self._meta["route"][i])],
             success=bool(self._meta["success"][i]),
             seed=int(self._meta["seed"][i]),
             info=json.loads(self._text["info"][i]),
+            task_info={k: self._task_value(k, i) for k in self.episode_info},
         )
 
     def final_array(self, name: str) -> zarr.Array:
@@ -411,18 +453,21 @@ class EpisodeStore:
         return self._obs[name]
 
     def summary(self) -> dict[str, Any]:
-        """Headline numbers: episodes, steps, success rate, route counts, mean return and length."""
+        """Headline numbers: episodes, steps, success rate, route counts (a task with routes), mean return and
+        length."""
         n = self.n_episodes
-        counts = Counter(r or "none" for r in self.routes())
-        return {
+        out: dict[str, Any] = {
             "env_id": self._attrs["env_id"],
             "episodes": n,
             "steps": self.n_steps,
             "success_rate": float(self.success.mean()) if n else 0.0,
-            "routes": {k: counts.get(k, 0) for k in ("left", "right", "none")},
-            "mean_return": float(self.returns.mean()) if n else 0.0,
-            "mean_length": float(self.lengths.mean()) if n else 0.0,
         }
+        if "route" in self.episode_info:
+            counts = Counter(r or "none" for r in self.routes())
+            out["routes"] = {k: counts.get(k, 0) for k in ("left", "right", "none")}
+        out["mean_return"] = float(self.returns.mean()) if n else 0.0
+        out["mean_length"] = float(self.lengths.mean()) if n else 0.0
+        return out
 
     def __repr__(self) -> str:
         n, steps = self.n_episodes, self.n_steps
@@ -448,3 +493,13 @@ def _parse_attrs(path: Path, attrs: dict[str, Any]) -> dict[str, Any]:
             f"this dmrl reads {FORMAT_VERSION}; re-run dmrl collect"
         )
     return attrs
+
+
+def _episode_info(path: Path, attrs: dict[str, Any]) -> dict[str, InfoField]:
+    """The store's task columns from its ``episode_info`` attr; a store from before the attr is MultiPath's."""
+    doc = attrs.get("episode_info")
+    if doc is None:
+        return dict(LEGACY_EPISODE_INFO)
+    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
+        raise StoreError(f"dmrl store {path}: corrupt attribute 'episode_info' ({CORRUPT_HINT})")
+    return {k: InfoField.from_json(v) for k, v in doc.items()}

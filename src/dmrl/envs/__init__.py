@@ -1,36 +1,53 @@
-"""Environments: the MultiPath MuJoCo tasks (registered with gymnasium) and their scripted experts."""
+"""Environments: the task registry (name -> factory + task metadata, also registered with gymnasium), the
+MultiPath MuJoCo tasks and their scripted experts.
+
+Importing this package is cheap: MuJoCo loads with the first MultiPath env (or attribute) asked for.
+"""
 
 from __future__ import annotations
 
-import gymnasium as gym
+from typing import Any
 
-from dmrl.envs.multipath import ACTION_MEANING, MultiPathConfig, MultiPathEnv, TaskState
+from dmrl.envs.registry import (
+    MULTIPATH_ENVS,
+    REGISTRY,
+    EnvSpec,
+    Expert,
+    env_factory,
+    env_spec,
+    make_env,
+    make_expert,
+    register_env,
+)
+from dmrl.types import InfoField
 
-ENV_IDS = {"dmrl/MultiPathReach-v0": "reach", "dmrl/MultiPathGrasp-v0": "grasp"}
-
-
-def _register() -> None:
-    for env_id, task in ENV_IDS.items():
-        if env_id not in gym.registry:
-            gym.register(
-                env_id,
-                entry_point="dmrl.envs.multipath:MultiPathEnv",
-                kwargs={"task": task},
-                disable_env_checker=True,
-            )
-
-
-def make_env(env_id: str, **overrides) -> MultiPathEnv:
-    """Build a MultiPath env by id with config overrides; an unknown id or key is a one-line error."""
-    if env_id not in ENV_IDS:
-        raise ValueError(f"--env: got {env_id!r}; known environments: {', '.join(ENV_IDS)}")
-    known = set(MultiPathConfig.__dataclass_fields__)
-    bad = sorted(set(overrides) - known)
-    if bad:
-        raise ValueError(f"env option(s) {bad} unknown; allowed: {', '.join(sorted(known - {'task'}))}")
-    return MultiPathEnv(MultiPathConfig(task=ENV_IDS[env_id], **overrides))
+#: The built-in MultiPath tasks: env id -> task name (REGISTRY holds every registered env).
+ENV_IDS = MULTIPATH_ENVS
+_MULTIPATH = ("ACTION_MEANING", "MultiPathConfig", "MultiPathEnv", "TaskState")
 
 
-_register()
+def __getattr__(name: str) -> Any:
+    # PEP 562: the MultiPath classes import MuJoCo, so they load when first used, not with the package.
+    if name in _MULTIPATH:
+        from dmrl.envs import multipath
 
-__all__ = ["ACTION_MEANING", "ENV_IDS", "MultiPathConfig", "MultiPathEnv", "TaskState", "make_env"]
+        return getattr(multipath, name)
+    raise AttributeError(f"module 'dmrl.envs' has no attribute {name!r}")
+
+
+__all__ = [
+    "ACTION_MEANING",
+    "ENV_IDS",
+    "REGISTRY",
+    "EnvSpec",
+    "Expert",
+    "InfoField",
+    "MultiPathConfig",
+    "MultiPathEnv",
+    "TaskState",
+    "env_factory",
+    "env_spec",
+    "make_env",
+    "make_expert",
+    "register_env",
+]

@@ -10,7 +10,9 @@ at a random height and grasps again. ``recovered_at`` marks that step: a dataset
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +74,11 @@ class ScriptedExpert:
         self.side = "left"
         self._plan: list[tuple[np.ndarray, bool, int]] = []
 
-    def reset(self) -> None:
+    def reset(self, seed: int | None = None) -> None:
+        """Plan the episode the env was just reset to; with ``seed`` (the env's reset seed) the expert's own draws
+        (route, miss, detours) come from a stream of that seed independent of the env's."""
+        if seed is not None:
+            self.rng = np.random.default_rng((seed, 0xE))
         cfg, rng = self.cfg, self.rng
         self.side = cfg.route or ("left" if rng.random() < 0.5 else "right")
         s = self.env.task_state()
@@ -154,8 +160,13 @@ class ScriptedExpert:
         self._plan = out
 
     # ------------------------------------------------------------------ acting
-    def act(self) -> np.ndarray:
-        """Action (6,) float32 in [-1, 1] for the env's current state."""
+    @property
+    def first_step(self) -> int:
+        """The first step worth keeping: after a deliberate miss, the recovery's (see the module docstring)."""
+        return self.recovered_at or 0
+
+    def act(self, obs: Mapping[str, Any] | None = None) -> np.ndarray:
+        """Action (6,) float32 in [-1, 1] for the env's current state (read from the env: ``obs`` is unused)."""
         s = self.env.task_state()
         lifted = self._k > LIFT or s.tip[2] >= self._notice_z
         if self.recovered_at is None and lifted and self._missed(s, self._k):  # no cup on the way up: regrasp
@@ -203,6 +214,15 @@ class ScriptedExpert:
         if self.cfg.noise_std > 0:
             a = a + self.rng.normal(0.0, self.cfg.noise_std, size=6)
         return np.clip(a, -1.0, 1.0).astype(np.float32)
+
+
+def scripted_expert(
+    env: MultiPathEnv, noise_std: float = 0.0, suboptimal: bool = False, miss_prob: float = 0.0
+) -> ScriptedExpert:
+    """The MultiPath tasks' expert factory in the env registry (``dmrl collect``'s expert flags)."""
+    if miss_prob > 0 and (suboptimal or env.cfg.task != "grasp"):
+        raise ValueError("--miss-prob needs the grasp env and no --suboptimal (it retries a missed grasp)")
+    return ScriptedExpert(env, ExpertConfig(noise_std=noise_std, suboptimal=suboptimal, miss_prob=miss_prob))
 
 
 def run_expert_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int, options: dict | None = None):

@@ -108,6 +108,7 @@ class MultiPathEnv(gym.Env):
     """A 5-joint suction arm, 2-3 coloured cups, a pad and an obstacle; see the module docstring."""
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    action_meaning = ACTION_MEANING
 
     def __init__(self, config: MultiPathConfig | None = None, render_mode: str | None = None, **overrides):
         cfg = config or MultiPathConfig(**overrides)
@@ -133,6 +134,11 @@ class MultiPathEnv(gym.Env):
         self._weld_ids = [m.equality(f"suction_{i}").id for i in range(cfg.n_objects)]
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(6,), dtype=np.float32)
         self.observation_space = self._make_obs_space()
+
+    @property
+    def env_id(self) -> str:
+        """Its name in the env registry: dmrl/MultiPathGrasp-v0 or dmrl/MultiPathReach-v0."""
+        return f"dmrl/MultiPath{self.cfg.task.title()}-v0"
 
     # ----------------------------------------------------------------- spaces
     def _make_obs_space(self) -> gym.spaces.Dict:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dmrl.envs import ENV_IDS
+from dmrl.envs import env_spec
 from dmrl.types import OBS_MODES
 
 
@@ -47,8 +47,8 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.envs < 1:
             raise ValueError(f"--episodes and --envs must be >= 1, got {self.episodes} and {self.envs}")
-        if self.env is not None and self.env not in ENV_IDS:
-            raise ValueError(f"--env: got {self.env!r}; known environments: {', '.join(ENV_IDS)}")
+        if self.env is not None:
+            env_spec(self.env)  # one-line error naming the registered envs
         self.drop_modality = tuple(dict.fromkeys(m.strip() for part in self.drop_modality for m in part.split(",")))
         bad = [m for m in self.drop_modality if m not in OBS_MODES]
         if bad:
@@ -76,7 +76,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     drop = check_drop(policy, cfg.drop_modality)
     env_id = cfg.env or meta.get("env_id", "dmrl/MultiPathGrasp-v0")
     # The training store's image size / cameras / cups (meta.env_kwargs) so observations match the policy.
-    env_kwargs = {"paraphrases": cfg.paraphrases, **meta.get("env_kwargs", {})}
+    spec = env_spec(env_id)
+    paraphrases = {"paraphrases": cfg.paraphrases} if "paraphrases" in (spec.options or ()) else {}
+    env_kwargs = {**paraphrases, **meta.get("env_kwargs", {})}
     default_dir = "eval_drop-" + "-".join(drop) if drop else "eval"
     out = cfg.out or Path(cfg.checkpoint).parent / default_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -95,16 +97,18 @@ def run_eval(cfg: EvalConfig) -> dict:
         **result.summary(),
     }
     (out / "eval.json").write_text(json.dumps(summary, indent=2))
-    task = "grasp" if "Grasp" in env_id else "reach"
-    save_path_plot(
-        [r.tip_path for r in result.records],
-        [r.route for r in result.records],
-        task,
-        out / "paths.png",
-        title=f"{policy.name}: {result.success_rate:.0%} success" + (f" without {', '.join(drop)}" if drop else ""),
-    )
-    if cfg.gif_episodes > 0:
+    task = spec.extra.get("multipath_task")  # the path plot and the GIF draw MultiPath's scene
+    if task is not None:
+        save_path_plot(
+            [r.tip_path for r in result.records],
+            [r.route for r in result.records],
+            task,
+            out / "paths.png",
+            title=f"{policy.name}: {result.success_rate:.0%} success" + (f" without {', '.join(drop)}" if drop else ""),
+        )
+    gif = cfg.gif_episodes > 0 and task is not None
+    if gif:
         save_rollout_gif(policy, env_id, out / "rollouts.gif", seeds[: cfg.gif_episodes], env_kwargs, drop=drop)
     print(json.dumps(summary, indent=2))
-    print(f"wrote {out}/eval.json, paths.png" + (", rollouts.gif" if cfg.gif_episodes else ""))
+    print(f"wrote {out}/eval.json" + (", paths.png" if task is not None else "") + (", rollouts.gif" if gif else ""))
     return summary

@@ -1,7 +1,9 @@
 """Parallel collection of scripted-expert episodes into an episode store (spawned worker processes).
 
-Workers roll out episodes and send them back; only the main process writes, one whole episode at a time,
-so the store's commit-marker design keeps every completed episode readable after a crash or Ctrl-C.
+Any registered env with an expert can be collected (envs/registry.py): the expert acts, the task's metadata says
+which per-episode values to keep. Workers roll out episodes and send them back; only the main process writes,
+one whole episode at a time, so the store's commit-marker design keeps every completed episode readable after
+a crash or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -10,16 +12,16 @@ import contextlib
 import multiprocessing as mp
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
 from tqdm import tqdm
 
-from dmrl.data import EpisodeStore
-from dmrl.envs import ENV_IDS, make_env
-from dmrl.envs.experts import ExpertConfig, ScriptedExpert
-from dmrl.envs.multipath import ACTION_MEANING, MultiPathEnv
+from dmrl.data.episodes import EpisodeStore
+from dmrl.envs.registry import EnvSpec, Expert, env_spec, resolve
 from dmrl.types import ARRAY_MODES, Episode, parse_obs_modes
 
 
@@ -31,7 +33,7 @@ class CollectConfig:
     """Output episode store (a directory, conventionally *.zarr). Existing stores are never overwritten
     unless --overwrite; use --append to add episodes to an existing store."""
     env: str = "dmrl/MultiPathGrasp-v0"
-    """Environment id: dmrl/MultiPathGrasp-v0 or dmrl/MultiPathReach-v0."""
+    """Registered environment: dmrl/MultiPathGrasp-v0, dmrl/MultiPathReach-v0 or your own (docs/extending.md)."""
     episodes: int = 100
     """Number of episodes to collect."""
     obs_modes: tuple[str, ...] = ("state", "joints", "force", "instruction")
@@ -41,7 +43,7 @@ class CollectConfig:
     workers: int = 2
     """Worker processes (spawn); 0 runs everything in this process."""
     image_size: int = 64
-    """H = W of rgb/depth."""
+    """H = W of rgb/depth (env option; the flags from here to --paraphrases apply to envs that take them)."""
     cameras: tuple[str, ...] = ("front",)
     """Cameras for rgb/depth (front, top, side), stacked along channels."""
     n_objects: int = 3
@@ -49,7 +51,7 @@ class CollectConfig:
     paraphrases: str = "train"
     """Instruction paraphrase set: train, heldout or all."""
     noise_std: float = 0.0
-    """Gaussian action noise of the expert."""
+    """Gaussian action noise of the expert (expert option, like --suboptimal and --miss-prob)."""
     suboptimal: bool = False
     """Expert hesitates, detours and sometimes fails on purpose (for offline-RL datasets)."""
     miss_prob: float = 0.0
@@ -64,50 +66,78 @@ class CollectConfig:
     def __post_init__(self) -> None:
         self.out = Path(self.out)
         self.obs_modes = parse_obs_modes(",".join(self.obs_modes))
-        if self.env not in ENV_IDS:
-            raise ValueError(f"--env: got {self.env!r}; known environments: {', '.join(ENV_IDS)}")
+        spec = env_spec(self.env)  # one-line error naming the registered envs
         if self.episodes < 1:
             raise ValueError(f"--episodes: got {self.episodes}; must be >= 1")
         if self.workers < 0:
             raise ValueError(f"--workers: got {self.workers}; must be >= 0")
         if not 0 <= self.miss_prob <= 1:
             raise ValueError(f"--miss-prob: got {self.miss_prob}; allowed 0 .. 1")
-        if self.miss_prob > 0 and (self.suboptimal or ENV_IDS[self.env] != "grasp"):
-            raise ValueError("--miss-prob needs the grasp env and no --suboptimal (it retries a missed grasp)")
+        if spec.expert is None:
+            raise ValueError(f"--env {self.env}: the task registered no scripted expert, so it cannot be collected")
+        unsupported = [m for m in self.obs_modes if m not in spec.obs_modes]
+        if unsupported:
+            raise ValueError(f"--obs-modes: {self.env} does not emit {unsupported}; it has {list(spec.obs_modes)}")
+        for names, given in ((_ENV_FLAGS, spec.options or ()), (_EXPERT_FLAGS, spec.expert_options)):
+            for name in names:
+                if name not in given and getattr(self, name) != _DEFAULTS[name]:
+                    flag = "--" + name.replace("_", "-")
+                    raise ValueError(f"{flag}: {self.env} takes no option {name!r}; leave it at its default")
         if self.overwrite and self.append:
             raise ValueError("--overwrite and --append exclude each other; pick one")
 
-    def env_kwargs(self) -> dict:
-        return dict(
-            obs_modes=self.obs_modes,
-            image_size=self.image_size,
-            cameras=tuple(self.cameras),
-            n_objects=self.n_objects,
-            paraphrases=self.paraphrases,
-        )
+    def env_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the env factory: obs_modes and the env options the task takes."""
+        given = env_spec(self.env).options or ()
+        options = {k: tuple(v) if isinstance(v, list | tuple) else v for k, v in vars(self).items() if k in given}
+        return {"obs_modes": self.obs_modes, **{k: options[k] for k in _ENV_FLAGS if k in options}}
+
+    def expert_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the expert factory: the expert options the task takes."""
+        return {k: getattr(self, k) for k in _EXPERT_FLAGS if k in env_spec(self.env).expert_options}
+
+    def recorded(self) -> dict[str, str]:
+        """The settings stored with the dataset (attr ``collect``): all but flags that do not apply to the env."""
+        spec = env_spec(self.env)
+        skip = [k for k in _ENV_FLAGS if k not in (spec.options or ())]
+        skip += [k for k in _EXPERT_FLAGS if k not in spec.expert_options]
+        return {k: str(v) for k, v in vars(self).items() if k not in skip}
 
 
-def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Episode:
-    """Roll out one expert episode from ``env.reset(seed=seed)`` and return it as an :class:`Episode`; with a
-    deliberate miss, only its steps from ``expert.recovered_at`` on."""
+_ENV_FLAGS = ("image_size", "cameras", "n_objects", "paraphrases")
+_EXPERT_FLAGS = ("noise_std", "suboptimal", "miss_prob")
+_DEFAULTS = {f.name: f.default for f in fields(CollectConfig) if f.name in (*_ENV_FLAGS, *_EXPERT_FLAGS)}
+
+
+def record_episode(env: gym.Env, expert: Expert, seed: int, spec: EnvSpec | None = None) -> Episode:
+    """Roll out one expert episode from ``env.reset(seed=seed)`` and return it as an :class:`Episode`; only its
+    steps from ``expert.first_step`` on (e.g. a recovery after a deliberate miss).
+
+    ``spec``: the task's registry entry (which per-episode values to keep); default: looked up by the env's
+    ``env_id`` attribute, or none kept.
+    """
+    if spec is None:
+        name = getattr(env.unwrapped, "env_id", None)
+        spec = env_spec(name) if name is not None else EnvSpec("unregistered", "")
     obs, _ = env.reset(seed=seed)
-    # The route is a function of the episode seed, from a stream independent of the env's own draws.
-    expert.rng = np.random.default_rng((seed, 0xE))
-    expert.reset()
-    keys = [k for k in env.cfg.obs_modes if k in ARRAY_MODES]
+    expert.reset(seed)  # the expert's own draws (MultiPath: the route) are a function of the episode seed
+    keys = [k for k in ARRAY_MODES if k in obs]
+    instruction = str(getattr(env.unwrapped, "instruction", obs.get("instruction", "")))
     steps: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     actions, rewards = [], []
     while True:
         for k in keys:
             steps[k].append(obs[k])
-        action = expert.act()
+        action = expert.act(obs)
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
         rewards.append(reward)
         if terminated or truncated:
             break
-    # A deliberate miss (ExpertConfig.miss_prob) is not a demonstration: keep the recovery that follows it.
-    first = expert.recovered_at or 0
+    first = int(getattr(expert, "first_step", 0) or 0)
+    missing = [k for k in (*spec.episode_info, *spec.episode_metrics) if k not in info]
+    if missing:
+        raise ValueError(f"{spec.name}: the last step's info lacks {missing}, which the task's metadata declares")
     extra = {"first_step": float(first)} if first else {}
     return Episode(
         obs={k: np.stack(v[first:]) for k, v in steps.items()},
@@ -116,42 +146,42 @@ def record_episode(env: MultiPathEnv, expert: ScriptedExpert, seed: int) -> Epis
         rewards=np.asarray(rewards[first:], dtype=np.float32),
         terminated=bool(terminated),
         truncated=bool(truncated),
-        instruction=env.instruction,
-        target=info["target"],
-        route=info["route"],
-        success=bool(info["is_success"]),
+        instruction=instruction,
+        success=bool(info.get("is_success", False)),
         seed=int(seed),
-        info={"collision": float(info["collision"]), **extra},
+        info={**{k: float(info[k]) for k in spec.episode_metrics}, **extra},
+        task_info={k: info[k] for k in spec.episode_info},
     )
 
 
 # ---------------------------------------------------------------------- worker side
-_WORKER: tuple[MultiPathEnv, ScriptedExpert] | None = None
+_WORKER: tuple[gym.Env, Expert, EnvSpec] | None = None
 
 
-def _init_worker(cfg: CollectConfig) -> None:
+def _init_worker(spec: EnvSpec, env_kwargs: dict[str, Any], expert_kwargs: dict[str, Any]) -> None:
+    # The spec travels to the worker (spawn), so an env registered only in the parent works too.
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and shuts workers down
-    env = make_env(cfg.env, **cfg.env_kwargs())
-    expert = ScriptedExpert(
-        env, ExpertConfig(noise_std=cfg.noise_std, suboptimal=cfg.suboptimal, miss_prob=cfg.miss_prob)
-    )
-    _WORKER = (env, expert)
+    env = resolve(spec.factory)(**spec.kwargs, **env_kwargs)
+    assert spec.expert is not None
+    _WORKER = (env, resolve(spec.expert)(env, **expert_kwargs), spec)
 
 
 def _run_seed(seed: int) -> Episode:
     assert _WORKER is not None
-    return record_episode(*_WORKER, seed)
+    env, expert, spec = _WORKER
+    return record_episode(env, expert, seed, spec)
 
 
 def _episodes(cfg: CollectConfig, seeds: list[int]) -> Iterator[Episode]:
+    args = (env_spec(cfg.env), cfg.env_kwargs(), cfg.expert_kwargs())
     if cfg.workers == 0:
-        _init_worker(cfg)
+        _init_worker(*args)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         yield from map(_run_seed, seeds)
         return
     ctx = mp.get_context("spawn")  # fork would copy GL contexts and torch threads; spawn is safe everywhere
-    with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,)) as pool:
+    with ctx.Pool(cfg.workers, initializer=_init_worker, initargs=args) as pool:
         try:
             yield from pool.imap(_run_seed, seeds, chunksize=1)
         finally:
@@ -173,10 +203,16 @@ def _sigint_deferred() -> Iterator[None]:
 
 def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
     """Collect ``cfg.episodes`` expert episodes into ``cfg.out``; returns the open store."""
-    probe = make_env(cfg.env, **cfg.env_kwargs())
+    spec = env_spec(cfg.env)
+    probe = resolve(spec.factory)(**spec.kwargs, **cfg.env_kwargs())
     obs, _ = probe.reset(seed=cfg.seed)
+    assert spec.expert is not None
+    resolve(spec.expert)(probe, **cfg.expert_kwargs())  # a bad expert option fails here, before the store exists
+    action_dim = int(np.prod(probe.action_space.shape))
+    meaning = spec.action_meaning or getattr(probe.unwrapped, "action_meaning", None)
+    meaning = tuple(meaning) if meaning is not None else tuple(f"a{i}" for i in range(action_dim))
     probe.close()
-    spec = {k: (tuple(obs[k].shape), str(obs[k].dtype)) for k in cfg.obs_modes if k in ARRAY_MODES}
+    obs_spec = {k: (tuple(obs[k].shape), str(obs[k].dtype)) for k in cfg.obs_modes if k in ARRAY_MODES}
     if cfg.append:
         store = EpisodeStore.open(cfg.out, mode="a")
         if store.attrs.get("env_id") != cfg.env or tuple(store.obs_modes) != cfg.obs_modes:
@@ -190,11 +226,12 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
             cfg.out,
             env_id=cfg.env,
             obs_modes=cfg.obs_modes,
-            action_meaning=list(ACTION_MEANING),
-            obs_spec=spec,
-            action_dim=len(ACTION_MEANING),
+            action_meaning=list(meaning),
+            obs_spec=obs_spec,
+            action_dim=action_dim,
             overwrite=cfg.overwrite,
-            extra_attrs={"collect": {k: str(v) for k, v in vars(cfg).items()}},
+            extra_attrs={"collect": cfg.recorded()},
+            episode_info=spec.episode_info,
         )
         first_seed = cfg.seed
     seeds = list(range(first_seed, first_seed + cfg.episodes))
