@@ -28,7 +28,7 @@ MIXED_PARTS = (
 def make_mixed(path: Path, workers: int = 2) -> Path:
     """Collect the `mixed` state dataset at ``path`` unless a complete one is there; -> path."""
     from dmrl.data import EpisodeStore
-    from dmrl.envs.collect import CollectConfig, collect
+    from dmrl.data.collect import CollectConfig, collect
 
     want = sum(p[1] for p in MIXED_PARTS)
     if path.exists():

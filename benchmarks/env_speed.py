@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from _common import machine, write_results
+from dmrl.data.collect import CollectConfig, collect, record_episode
 from dmrl.envs import make_env
-from dmrl.envs.collect import CollectConfig, collect, record_episode
 from dmrl.envs.experts import ScriptedExpert
 
 GRASP = "dmrl/MultiPathGrasp-v0"

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from _common import machine, write_results
+from dmrl.data.collect import record_episode
 from dmrl.envs import make_env
-from dmrl.envs.collect import record_episode
 from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
 from dmrl.train.metrics import wilson_interval
 

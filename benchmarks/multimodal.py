@@ -93,7 +93,7 @@ COLUMNS = [
 def collect_if_missing(path: Path, episodes: int, recovery: int, image_size: int, check_size: bool = True) -> int:
     """Collect the dataset at ``path`` unless it is there (then check it) -> how many recovery episodes it holds."""
     from dmrl.data import EpisodeStore
-    from dmrl.envs.collect import CollectConfig, collect
+    from dmrl.data.collect import CollectConfig, collect
 
     if not path.exists():
         modes = (*MODES, "state")  # state: the auxiliary head's training target, never a policy input

@@ -43,7 +43,7 @@ LABELS = {
 def make_weak(path: Path, demos: int) -> Path:
     """``demos`` suboptimal-expert state episodes (seeds 30000..: apart from evaluation and selection seeds)."""
     from dmrl.data import EpisodeStore
-    from dmrl.envs.collect import CollectConfig, collect
+    from dmrl.data.collect import CollectConfig, collect
 
     if path.exists():
         if EpisodeStore.open(path).n_episodes != demos:

@@ -34,7 +34,7 @@ def _run_info(cfg: InfoConfig) -> None:
 
 
 def _run_collect(cfg) -> None:
-    from dmrl.envs.collect import collect
+    from dmrl.data.collect import collect
 
     store = collect(cfg)
     print(json.dumps(store.summary(), default=str))
@@ -55,7 +55,7 @@ def _run_train(cfg) -> None:
 
 def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.config import TrainConfig
-    from dmrl.envs.collect import CollectConfig
+    from dmrl.data.collect import CollectConfig
     from dmrl.export.cli import ExportConfig, run_export
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.evaluate_cli import EvalConfig, run_eval

@@ -74,7 +74,7 @@ def _train_one(cfg: TrainConfig) -> dict[str, Any]:
 def _dataset(cfg: CompareConfig) -> Path:
     if cfg.dataset is not None:
         return cfg.dataset
-    from dmrl.envs.collect import CollectConfig, collect
+    from dmrl.data.collect import CollectConfig, collect
 
     path = cfg.out / "dataset.zarr"
     print(f"compare: collecting {cfg.episodes} expert episodes into {path}", flush=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from dmrl.envs import make_env
+from dmrl.envs import env_factory, env_spec, make_env
 from dmrl.policies.base import ChunkPolicy
 from dmrl.train.metrics import smoothness, wilson_interval
 
@@ -69,10 +68,6 @@ class EvalResult:
         out = asdict(self)
         out.pop("records")
         return out
-
-
-def _env_fn(env_id: str, env_kwargs: dict):
-    return make_env(env_id, **env_kwargs)
 
 
 def check_drop(policy: ChunkPolicy, drop: tuple[str, ...]) -> tuple[str, ...]:
@@ -129,7 +124,7 @@ def evaluate(
     drop = check_drop(policy, drop)
     env_kwargs = {"obs_modes": tuple(policy.chunk.obs_keys), **(env_kwargs or {})}
     n_envs = max(1, min(n_envs, len(seeds)))
-    fns = [functools.partial(_env_fn, env_id, env_kwargs) for _ in range(n_envs)]
+    fns = [env_factory(env_id, **env_kwargs) for _ in range(n_envs)]  # picklable: carries the factory to workers
     mode = gym.vector.AutoresetMode.DISABLED
     envs = (
         gym.vector.AsyncVectorEnv(fns, context="spawn", shared_memory=False, autoreset_mode=mode)
@@ -146,7 +141,7 @@ def evaluate(
         policy.reset()
         active = np.ones(n_envs, dtype=bool)
         actions: list[list[np.ndarray]] = [[] for _ in range(n_envs)]
-        tips: list[list[np.ndarray]] = [[np.asarray(info["tip"][i])] for i in range(n_envs)]
+        tips: list[list[np.ndarray]] = [[_tip(info, i)] for i in range(n_envs)]
         grasps: list[tuple[str, int] | None] = [None] * n_envs  # (colour, step) of each env's first held cup
         while active.any():
             act = policy.act(_without(obs, drop))
@@ -155,7 +150,7 @@ def evaluate(
             done = (term | trunc) & active
             for i in np.flatnonzero(active):
                 actions[i].append(act[i])
-                tips[i].append(np.asarray(info["tip"][i]))
+                tips[i].append(_tip(info, i))
                 held = info["held"][i] if "held" in info else None
                 if grasps[i] is None and held is not None:
                     grasps[i] = (str(held), len(actions[i]))
@@ -165,8 +160,8 @@ def evaluate(
                     EpisodeRecord(
                         seed=current[i],
                         success=bool(info["is_success"][i]),
-                        collision=bool(info["collision"][i]),
-                        route=info["route"][i],
+                        collision=bool(info["collision"][i]) if "collision" in info else False,
+                        route=info["route"][i] if "route" in info else None,
                         length=len(actions[i]),
                         jerk=jerk,
                         max_jump=jump,
@@ -189,11 +184,16 @@ def evaluate(
                 obs, info = envs.reset(seed=list(current), options={"reset_mask": done})
                 policy.reset(mask=done)
                 for i in np.flatnonzero(done):
-                    actions[i], tips[i], grasps[i] = [], [np.asarray(info["tip"][i])], None
+                    actions[i], tips[i], grasps[i] = [], [_tip(info, i)], None
     finally:
         envs.close()
     records.sort(key=lambda r: r.seed)
-    return summarize(records)
+    return summarize(records, routes="route" in env_spec(env_id).episode_info)
+
+
+def _tip(info: dict, i: int) -> np.ndarray:
+    # MultiPath reports the tool tip (the path plots); another task may not: an empty path then.
+    return np.asarray(info["tip"][i]) if "tip" in info else np.zeros(3)
 
 
 def curve_point(
@@ -222,11 +222,12 @@ def curve_point(
     }
 
 
-def summarize(records: list[EpisodeRecord]) -> EvalResult:
+def summarize(records: list[EpisodeRecord], routes: bool = True) -> EvalResult:
+    """Aggregate per-episode records; ``routes`` False (a task without routes) leaves the route split nan."""
     n = len(records)
     k = sum(r.success for r in records)
     lo, hi = wilson_interval(k, n)
-    routes = [r.route for r in records]
+    route_list = [r.route for r in records]
     grasp = {}
     if all(r.target is not None for r in records):  # a task with a named cup: where did the first grasp go
         steps = [r.grasp_step for r in records if r.grasp_step is not None]
@@ -242,9 +243,9 @@ def summarize(records: list[EpisodeRecord]) -> EvalResult:
         ci_low=lo,
         ci_high=hi,
         collision_rate=float(np.mean([r.collision for r in records])),
-        route_left=routes.count("left") / n,
-        route_right=routes.count("right") / n,
-        route_none=routes.count(None) / n,
+        route_left=route_list.count("left") / n if routes else float("nan"),
+        route_right=route_list.count("right") / n if routes else float("nan"),
+        route_none=route_list.count(None) / n if routes else float("nan"),
         jerk=float(np.mean([r.jerk for r in records])),
         max_action_change=float(np.max([r.max_jump for r in records])),
         mean_length=float(np.mean([r.length for r in records])),
