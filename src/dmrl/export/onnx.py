@@ -63,8 +63,8 @@ class ChunkGraph(nn.Module):
         init_noise = inputs[n]
         step_noise = inputs[n + 1] if self.stochastic else None
         p = self.policy
-        cond, mask = p.condition(obs)
-        x = p.sampler.sample(p._denoise_fn(cond, mask), init_noise.shape, init_noise=init_noise, step_noise=step_noise)
+        # The policy's own sampling loop (no gradients): the graph is what predict_chunk runs, noise passed in.
+        x = p.sample_chunk(*p.condition(obs), init_noise=init_noise, step_noise=step_noise)
         return p.normalizer.unnormalize("actions", x).clamp(-1.0, 1.0)
 
 

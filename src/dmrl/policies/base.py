@@ -117,7 +117,7 @@ class NormalizerModule(nn.Module):
 
 
 class ChunkPolicy(nn.Module):
-    """Base of the action-chunk policies. Subclasses implement ``loss`` and ``_sample_chunk``.
+    """Base of the action-chunk policies. Subclasses implement ``loss`` and ``sample_chunk``.
 
     Batches (from :class:`dmrl.data.SequenceDataset`): ``obs`` {key: (B, To, ...)} raw (rgb uint8 (B, To, 3V, H, W),
     depth (B, To, V, H, W) metres, vectors (B, To, dim), instruction a list of B str), ``action`` (B, Tp, Da),
@@ -129,8 +129,6 @@ class ChunkPolicy(nn.Module):
     """
 
     name = "base"
-    # A class default, so wrappers that build their own state (CriticRankedPolicy) plan with predict_chunk too.
-    _planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None
 
     def __init__(
         self,
@@ -154,7 +152,8 @@ class ChunkPolicy(nn.Module):
         self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
         self.chunk = chunk
         self.aux_head = self._build_aux_head(normalizer) if chunk.aux_state else None
-        self.reset()
+        self._planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None
+        self._actions = ActionQueue()
 
     def _build_aux_head(self, norm: Normalizer | None) -> nn.Linear:
         """Linear pooled (B, D) -> normalised state[aux_state] (B, n); its statistics are buffers like the rest."""
@@ -226,59 +225,114 @@ class ChunkPolicy(nn.Module):
         """The same as ``loss``: calling the module is what DDP's gradient hooks and torch.compile act on."""
         return self.loss(batch)
 
-    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
-        """cond (B, D) or (B, K, D), cond_mask (B, K) bool or None -> normalised action chunk (B, Tp, Da)."""
+    def sample_chunk(
+        self,
+        cond: Tensor,
+        cond_mask: Tensor | None = None,
+        grad_steps: int = 0,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """cond (B, D) or (B, K, D), cond_mask (B, K) bool or None -> normalised action chunk (B, Tp, Da).
+
+        ``grad_steps``: how many of the final sampling steps carry gradients: 0 none (the whole sample runs under
+        no_grad), up to the number of steps (all; a diffusion policy's S, 1 for a one-shot Gaussian or VAE head).
+        Gradients flow only where the caller has them enabled. ``generator``: the sample's randomness (None: torch's
+        global RNG); the same generator state gives the same chunk whatever ``grad_steps`` is.
+        """
         raise NotImplementedError
 
     # inference_mode, not no_grad: no autograd bookkeeping at all, ~20% less time per DDIM-10 chunk at batch 1
     # (an ad-hoc timing: 3.9 -> 3.1 ms, 256x2 MLP, one thread). Its outputs cannot enter autograd later; training code
-    # samples through _sample_chunk / sample_with_grad instead.
+    # calls sample_chunk instead.
     @torch.inference_mode()
     def predict_chunk(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
-        chunk = self._sample_chunk(*self.condition(obs))
+        chunk = self.sample_chunk(*self.condition(obs))
         return self.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
 
     # ------------------------------------------------------------------ acting side
     def reset(self, mask: np.ndarray | None = None) -> None:
         """Forget history and queued actions, for all envs or those where ``mask`` (B,) is True."""
-        if mask is None or getattr(self, "_hist", None) is None:
-            self._hist: dict[str, Tensor | list[str]] | None = None
-            self._queue: Tensor | None = None
-            self._qpos: np.ndarray | None = None
-            self._fresh: np.ndarray | None = None
-            return
-        self._fresh |= mask
-        self._qpos[mask] = self.chunk.n_action_steps
+        self._actions.reset(mask)
 
     @torch.inference_mode()
     def act(self, obs: Mapping[str, object]) -> np.ndarray:
-        """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,). Keys missing from ``obs`` are
-        left out (a multimodal policy masks them; the lowdim one raises)."""
-        keys = [k for k in self.chunk.obs_keys if k in obs]
+        """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,), in the env's units.
+
+        Receding-horizon execution, as in Diffusion Policy: each env keeps its last To observation frames and a
+        queue of Ta actions. When an env's queue is empty, ``predict_chunk`` (or the planner of ``set_planner``)
+        plans Tp actions from its To frames; the chunk starts at the oldest frame, so its action To - 1 belongs to
+        the current step, and actions To - 1 .. To + Ta - 2 fill the queue. With n the step that plans::
+
+            (To observation frames, Tp predicted actions, Ta executed actions)
+            env step           n-To+1 ... n-1   n   n+1 ... n+Ta-1   n+Ta ... n-To+Tp
+            observation read     yes  ... yes  yes   -  ...   -        -  ...    -
+            action predicted     yes  ... yes  yes  yes ...  yes      yes ...   yes
+            action executed       -   ...  -   yes  yes ...  yes       -  ...    -
+                                                                     ^ queue empty: the next plan, here
+
+        e.g. To 2, Tp 16, Ta 8: a plan at step n reads frames n-1 and n, predicts steps n-1 .. n+14, executes
+        n .. n+7 and plans again at n+8. An env starts afresh (its history padded with its first frame, as the
+        training windows are) at its first step, after ``reset``, and when the batch size or the keys change.
+        Keys missing from ``obs`` are left out (a multimodal policy masks them; the lowdim one raises).
+        """
+        plan = self._planner if self._planner is not None else self.predict_chunk
+        return self._actions.step(obs, self.chunk, self.action_dim, next(self.parameters()).device, plan)
+
+
+class ActionQueue:
+    """Acting state of B envs, for :meth:`ChunkPolicy.act`: the last To observation frames of each env and what is
+    left of its current chunk's Ta actions. Plain tensors, no weights: a policy and a wrapper around it (best-of-N
+    with a critic) each own one, so two of them never share a queue."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        """Forget everything (mask None) or restart the envs where ``mask`` (B,) is True at their next step."""
+        if mask is None or getattr(self, "hist", None) is None:
+            self.hist: dict[str, Tensor | list[str]] | None = None  # {key: (B, To, ...)} raw
+            self.queue: Tensor | None = None  # (B, Ta, Da) raw actions
+            self.pos: np.ndarray | None = None  # (B,) next queue index of each env; Ta: empty, plan at this step
+            self.fresh: np.ndarray | None = None  # (B,) bool: restart the history at the next step
+            return
+        assert self.queue is not None and self.pos is not None and self.fresh is not None
+        self.fresh |= mask
+        self.pos[mask] = self.queue.shape[1]
+
+    def step(
+        self,
+        obs: Mapping[str, object],
+        chunk: ChunkConfig,
+        action_dim: int,
+        device: torch.device,
+        plan: Callable[[Mapping[str, Tensor | list[str]]], Tensor],
+    ) -> np.ndarray:
+        """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,); ``plan(obs {key: (B', To, ...)})
+        -> raw chunk (B', Tp, Da)`` is called for the B' envs whose queue is empty."""
+        keys = [k for k in chunk.obs_keys if k in obs]
         if not keys:
-            raise KeyError(f"act: obs has none of the policy's keys {list(self.chunk.obs_keys)}; got {sorted(obs)}")
-        device = next(self.parameters()).device
+            raise KeyError(f"act: obs has none of the policy's keys {list(chunk.obs_keys)}; got {sorted(obs)}")
         step, single = step_tensors(obs, keys, device)
         first = step[keys[0]]
         b = len(first) if isinstance(first, list) else first.shape[0]
-        to, ta = self.chunk.n_obs_steps, self.chunk.n_action_steps
-        if self._hist is None or self._qpos is None or len(self._qpos) != b or set(self._hist) != set(step):
-            self._hist = None  # new batch size or key set: every env starts a fresh history
-            self._queue = torch.zeros(b, ta, self.action_dim, device=device)
-            self._qpos = np.full(b, ta)
-            self._fresh = np.zeros(b, dtype=bool)
-        assert self._queue is not None and self._fresh is not None
-        self._hist = roll_history(self._hist, step, torch.as_tensor(self._fresh, device=device), to)
-        self._fresh[:] = False
-        need = np.flatnonzero(self._qpos >= ta)
+        to, ta = chunk.n_obs_steps, chunk.n_action_steps
+        if self.hist is None or self.pos is None or len(self.pos) != b or set(self.hist) != set(step):
+            self.hist = None  # new batch size or key set: every env starts a fresh history
+            self.queue = torch.zeros(b, ta, action_dim, device=device)
+            self.pos = np.full(b, ta)
+            self.fresh = np.zeros(b, dtype=bool)
+        assert self.queue is not None and self.fresh is not None
+        self.hist = roll_history(self.hist, step, torch.as_tensor(self.fresh, device=device), to)
+        self.fresh[:] = False
+        need = np.flatnonzero(self.pos >= ta)
         if len(need):
-            plan = self._planner if self._planner is not None else self.predict_chunk
-            chunk = plan(select(self._hist, need)).to(device)
+            planned = plan(select(self.hist, need)).to(device)
             # The chunk starts at the oldest observed frame: action To-1 is the one for the current step.
-            self._queue[torch.as_tensor(need, device=device)] = chunk[:, to - 1 : to - 1 + ta]
-            self._qpos[need] = 0
-        action = self._queue[torch.arange(b, device=device), torch.as_tensor(self._qpos, device=device)]
-        self._qpos += 1
+            self.queue[torch.as_tensor(need, device=device)] = planned[:, to - 1 : to - 1 + ta]
+            self.pos[need] = 0
+        action = self.queue[torch.arange(b, device=device), torch.as_tensor(self.pos, device=device)]
+        self.pos += 1
         out = action.cpu().numpy().astype(np.float32)
         return out[0] if single else out

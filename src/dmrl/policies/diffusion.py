@@ -1,7 +1,8 @@
 """Diffusion policy (Chi et al. 2023): DDPM-trained denoiser over action chunks, DDIM sampling at test time.
 
-Prediction types epsilon, sample (x0), v and hybrid (both heads, the seed write-up's x0-early / ε-late
-weighting); the denoiser and the sampler come from :mod:`dmrl.models.denoisers` and :mod:`dmrl.diffusion`.
+Prediction types epsilon, sample (x0), v and hybrid (both heads, trained with the x0 loss weighted early and the
+ε loss late, see :class:`dmrl.diffusion.HybridWeights`); the denoiser and the sampler come from
+:mod:`dmrl.models.denoisers` and :mod:`dmrl.diffusion`.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ class DiffusionPolicyConfig:
     """Denoiser network: mlp, unet or transformer."""
     denoiser_kwargs: dict = field(default_factory=dict)
     """Extra denoiser config (e.g. {"hidden_dim": 512, "n_blocks": 3} for mlp, {"down_dims": [64, 128]} for unet)."""
-    prediction_type: str = "hybrid"
-    """epsilon, sample (x0), v or hybrid (both heads; x0 weighted early, epsilon late: the seed's recipe)."""
+    prediction_type: str = "sample"
+    """epsilon, sample (x0), v or hybrid (both heads; the x0 loss weighted early in training, the ε loss late)."""
     schedule: str = "cosine"
     """Noise schedule: cosine (squaredcos_cap_v2) or linear."""
     num_train_steps: int = 100
@@ -188,43 +189,48 @@ class DiffusionPolicy(ChunkPolicy):
         head = {"both": slice(None), "eps": slice(0, da), "x0": slice(da, 2 * da)}[self._head]
         return lambda x, t: self.denoiser(x, t, cond, cond_mask)[..., head]
 
-    def _sample_chunk(
-        self, cond: Tensor, cond_mask: Tensor | None = None, generator: torch.Generator | None = None
-    ) -> Tensor:
-        shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
-        return self.sampler.sample(self._denoise_fn(cond, cond_mask), shape, generator=generator, device=cond.device)
-
-    def sample_with_grad(
+    def sample_chunk(
         self,
         cond: Tensor,
-        grad_steps: int,
         cond_mask: Tensor | None = None,
+        grad_steps: int = 0,
+        *,
         generator: torch.Generator | None = None,
         init_noise: Tensor | None = None,
         step_noise: Tensor | None = None,
     ) -> Tensor:
-        """cond (B, D) or (B, K, D) -> normalised chunk (B, Tp, Da), differentiable through the last k DDIM steps.
+        """cond (B, D) or (B, K, D), cond_mask (B, K) bool or None -> normalised chunk (B, Tp, Da) by S DDIM steps.
 
-        The first S - k denoiser calls run under no_grad (truncated backprop through the chain, the seed's
-        ~40% speed-up); k = S backpropagates through the whole chain (Diffusion-QL). Randomness as
-        ``sampler.sample``: ``generator`` in its order (init noise, then one draw per stochastic step) or passed in
-        as init_noise (B, Tp, Da) / step_noise (S, B, Tp, Da), so k = S gives exactly ``_sample_chunk``'s chunk.
+        ``grad_steps`` k in 0..S: the last k denoiser calls carry gradients, the first S - k run under no_grad.
+        k = 0 is plain sampling; k = S backpropagates through the whole chain (Diffusion-QL); 0 < k < S truncates
+        backprop through the chain as truncated BPTT does through time, cheaper and with the same sample.
+        Randomness as ``sampler.sample``: ``generator`` (None: torch's global RNG) in diffusers' order (init noise,
+        then one draw per stochastic step), or passed in as init_noise (B, Tp, Da) / step_noise (S, B, Tp, Da);
+        the same noise gives the same chunk for every k.
         """
         n = self.sampler.num_steps
-        if not 1 <= grad_steps <= n:
-            raise ValueError(f"sample_with_grad grad_steps: got {grad_steps}; allowed 1..S={n} (S: DDIM steps)")
+        if not 0 <= grad_steps <= n:
+            raise ValueError(f"sample_chunk grad_steps: got {grad_steps}; allowed 0..S={n} (S: DDIM steps)")
         shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
+        denoise = self._denoise_fn(cond, cond_mask)
+        # 1. Start from pure noise x_T ~ N(0, I), drawn where the generator lives: a CPU generator then gives the
+        #    same chunk on any device.
         if init_noise is None:
             gen_device = generator.device if generator is not None else cond.device
-            init_noise = torch.randn(shape, generator=generator, device=gen_device)
+            init_noise = torch.randn(shape, generator=generator, device=gen_device, dtype=torch.float32)
         x = init_noise.to(cond.device, torch.float32)
-        denoise = self._denoise_fn(cond, cond_mask)
-        t_all = self.sampler.timesteps[:, None].expand(n, shape[0])  # (S, B)
-        # The loop index decides where gradients start: a Python int, so the graph is the same every call.
+        # The same (S, B) timestep view for every call: indexing it with the Python loop counter keeps the loop
+        # static (no tensor-valued branches), so it traces and exports to ONNX as written.
+        t_all = self.sampler.timesteps[:, None].expand(n, shape[0])
         for i in range(n):
+            # 2. Gradients only through the last grad_steps steps, and only where the caller allows them; the loop
+            #    index decides (a Python int), so the graph is the same every call.
             with torch.set_grad_enabled(torch.is_grad_enabled() and i >= n - grad_steps):
+                # 3. Predict the noise / clean chunk at this noise level, conditioned on the observation.
+                model_out = denoise(x, t_all[i])
+                # 4. DDIM step x_t -> x_{t-1}; a stochastic sampler (eta > 0) adds fresh noise from the same stream.
                 z = step_noise[i].to(cond.device) if step_noise is not None else None
-                x = self.sampler.step(i, denoise(x, t_all[i]), x, noise=z, generator=generator)
+                x = self.sampler.step(i, model_out, x, noise=z, generator=generator)
         return x
 
     def _blended_eps(self, x: Tensor, t: Tensor, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:

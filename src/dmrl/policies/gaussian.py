@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from dmrl.data import Normalizer
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
-from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+from dmrl.policies.mlp_heads import ResidualMLP, check_one_step, masked_mean
 from dmrl.policies.observations import ObsDim
 
 
@@ -61,5 +61,16 @@ class GaussianPolicy(ChunkPolicy):
         mse = masked_mean(((target - mean) ** 2).mean(-1), batch.get("action_mask"))
         return self._add_aux({"loss": loss, "mse": mse.detach()}, batch, cond)
 
-    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
-        return self._dist(cond)[0]
+    def sample_chunk(
+        self,
+        cond: Tensor,
+        cond_mask: Tensor | None = None,
+        grad_steps: int = 0,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """cond (B, D) -> the mean chunk (B, Tp, Da), normalised; one step, so ``grad_steps`` 1 carries gradients
+        and 0 does not. cond_mask and generator are unused: the executed chunk is the mean, drawn from nothing."""
+        check_one_step(grad_steps)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and grad_steps > 0):
+            return self._dist(cond)[0]

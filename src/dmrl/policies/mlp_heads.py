@@ -1,4 +1,4 @@
-"""Residual MLP trunk shared by the Gaussian and VAE chunk policies (the seed's "MLP" baselines)."""
+"""Residual MLP trunk shared by the Gaussian and VAE chunk policies: the one-shot (non-diffusion) baselines."""
 
 from __future__ import annotations
 
@@ -36,3 +36,9 @@ def masked_mean(per_step: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return per_step.mean()
     return torch.where(mask, per_step, torch.zeros((), dtype=per_step.dtype, device=per_step.device)).mean()
+
+
+def check_one_step(grad_steps: int) -> None:
+    """A one-shot head samples its chunk in one step: ``grad_steps`` 0 (no gradients) or 1 (gradients)."""
+    if grad_steps not in (0, 1):
+        raise ValueError(f"sample_chunk grad_steps: got {grad_steps}; allowed 0 or 1 (this policy samples in one step)")

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from dmrl.data import Normalizer
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
-from dmrl.policies.mlp_heads import ResidualMLP, masked_mean
+from dmrl.policies.mlp_heads import ResidualMLP, check_one_step, masked_mean
 from dmrl.policies.observations import ObsDim
 
 TEST_Z = ("sample", "zero")
@@ -66,9 +66,24 @@ class VAEPolicy(ChunkPolicy):
         out = {"loss": rec + self.config.beta * kl, "recon": rec.detach(), "kl": kl.detach()}
         return self._add_aux(out, batch, cond)
 
-    def _sample_chunk(self, cond: Tensor, cond_mask: Tensor | None = None) -> Tensor:
+    def sample_chunk(
+        self,
+        cond: Tensor,
+        cond_mask: Tensor | None = None,
+        grad_steps: int = 0,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """cond (B, D) -> decoded chunk (B, Tp, Da), normalised, from z ~ N(0, I) (test_z sample, drawn from
+        ``generator``, None: torch's global RNG) or z = 0; one step, so ``grad_steps`` 1 carries gradients and 0
+        does not. cond_mask is unused (the pooled condition has none)."""
+        check_one_step(grad_steps)
         z = torch.zeros(cond.shape[0], self.config.latent_dim, device=cond.device)
         if self.config.test_z == "sample":
-            z = torch.randn_like(z)
-        out = self.decoder(torch.cat([cond, z], dim=-1))
+            # Drawn where the generator lives (a CPU generator gives the same z on any device), as the diffusion
+            # sampler draws its noise.
+            gen_device = generator.device if generator is not None else z.device
+            z = torch.randn(z.shape, generator=generator, device=gen_device, dtype=z.dtype).to(z.device)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and grad_steps > 0):
+            out = self.decoder(torch.cat([cond, z], dim=-1))
         return out.reshape(cond.shape[0], self.chunk.horizon, self.action_dim)
