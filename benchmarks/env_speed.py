@@ -6,15 +6,15 @@ steps/s; RGB-D 64x64 <= 3 ms/frame; 100 Grasp episodes with RGB-D collected in <
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.data.collect import CollectConfig, collect, record_episode
 from dmrl.envs import make_env
 from dmrl.envs.experts import ScriptedExpert
@@ -71,10 +71,14 @@ def collect_wall_seconds(episodes: int, workers: int) -> tuple[float, float]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@dataclass
+class Args:
+    quick: bool = False
+    """fewer repetitions (smoke run)"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="fewer repetitions (smoke run)")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     k = 10 if args.quick else 1
     rows = []
     rows.append(

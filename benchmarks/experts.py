@@ -5,12 +5,12 @@ Run: ``python benchmarks/experts.py``. Success rates carry 95% Wilson intervals 
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from dmrl.data.collect import record_episode
 from dmrl.envs import make_env
 from dmrl.envs.experts import ExpertConfig, ScriptedExpert, mean_plan_episode
@@ -41,12 +41,18 @@ def draw_route_plots(n: int = 60) -> None:
         )
 
 
+@dataclass
+class Args:
+    episodes: int = 500
+    """expert episodes per environment"""
+    average_seeds: int = 100
+    """seeds of the averaged-plan check"""
+    plots_only: bool = False
+    """only redraw docs/routes_{grasp,reach}.png"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--episodes", type=int, default=500)
-    ap.add_argument("--average-seeds", type=int, default=100)
-    ap.add_argument("--plots-only", action="store_true", help="only redraw docs/routes_{grasp,reach}.png")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     draw_route_plots()
     if args.plots_only:
         return

@@ -29,12 +29,13 @@ to benchmarks/results (a check that the pipeline runs, not a result).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from _common import RESULTS, machine, write_results
+from _common import RESULTS, machine, parse_args, write_results
 from _rl import finished, template
 from dmrl.config import TrainConfig, merge
 from mm_binding import TARGET_XYZ, binding
@@ -50,6 +51,8 @@ ARMS: dict[str, dict] = {
     "vae": {"policy": "vae"},
     "no_aux": {"chunk": {"aux_state": []}},
 }
+Arm = Literal[tuple(ARMS)]  # --arms choices
+Mode = Literal[MODES]  # --drop choices
 # --smoke: one block per network, D = 32, frozen MiniLM, a few steps of 8.
 SMOKE = {
     "steps": 4,
@@ -121,7 +124,7 @@ def recovery_episodes(store) -> int:
     return sum("first_step" in info for info in store.infos())
 
 
-def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
+def arm_config(args: Args, arm: str) -> TrainConfig:
     cfg = template(args.config, **ARMS[arm])  # the preset with the arm's change, nested keys merged one by one
     if args.steps:
         cfg = merge(cfg, {"steps": args.steps})
@@ -132,7 +135,7 @@ def arm_config(args: argparse.Namespace, arm: str) -> TrainConfig:
     return merge(cfg, {"dataset": args.dataset, "out": args.out / (f"smoke_{arm}" if args.smoke else arm)})
 
 
-def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: dict, n_recovery: int) -> list[dict]:
+def evaluate_arm(args: Args, arm: str, cfg: TrainConfig, summary: dict, n_recovery: int) -> list[dict]:
     from dmrl.train.checkpoint import load_policy
     from dmrl.train.evaluate import evaluate, set_action_steps
 
@@ -199,26 +202,42 @@ def evaluate_arm(args: argparse.Namespace, arm: str, cfg: TrainConfig, summary: 
     return rows
 
 
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "grasp_multimodal_cpu.yaml"
+    """preset YAML"""
+    dataset: Path = DATASET
+    """the multimodal dataset (collected when missing)"""
+    collect_episodes: int = 300
+    """expert episodes collected"""
+    recovery_episodes: int = 100
+    """appended with dmrl collect --miss-prob 1"""
+    image_size: int = 64
+    """camera image size"""
+    arms: list[Arm] = field(default_factory=lambda: ["main"])
+    """arms to train and evaluate"""
+    steps: int = 0
+    """override the preset's steps (0: keep them)"""
+    episodes: int = 100
+    """main arm: episodes per paraphrase set"""
+    ablation_episodes: int = 50
+    """other arms: episodes per paraphrase set"""
+    drop_episodes: int = 50
+    """main arm: episodes per withheld modality"""
+    drop: list[Mode] = field(default_factory=lambda: list(MODES))
+    """modalities withheld one at a time at test time (main arm)"""
+    action_steps: int = 0
+    """evaluate with this Ta (actions per chunk; 0: the checkpoint's)"""
+    binding_scenes: int = 200
+    """main arm: scenes per paraphrase set (probe)"""
+    out: Path = ROOT / "outputs" / "multimodal"
+    """run directories go here"""
+    smoke: bool = False
+    """tiny networks, a few steps, nothing written to benchmarks/results"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "grasp_multimodal_cpu.yaml")
-    ap.add_argument("--dataset", type=Path, default=DATASET)
-    ap.add_argument("--collect-episodes", type=int, default=300)
-    ap.add_argument("--recovery-episodes", type=int, default=100, help="appended with dmrl collect --miss-prob 1")
-    ap.add_argument("--image-size", type=int, default=64)
-    ap.add_argument("--arms", nargs="+", default=["main"], choices=list(ARMS))
-    ap.add_argument("--steps", type=int, default=0, help="override the preset's steps (0: keep them)")
-    ap.add_argument("--episodes", type=int, default=100, help="main arm: episodes per paraphrase set")
-    ap.add_argument("--ablation-episodes", type=int, default=50, help="other arms: episodes per paraphrase set")
-    ap.add_argument("--drop-episodes", type=int, default=50, help="main arm: episodes per withheld modality")
-    ap.add_argument("--drop", nargs="*", default=list(MODES), choices=MODES)
-    ap.add_argument(
-        "--action-steps", type=int, default=0, help="evaluate with this Ta (actions per chunk; 0: the checkpoint's)"
-    )
-    ap.add_argument("--binding-scenes", type=int, default=200, help="main arm: scenes per paraphrase set (probe)")
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "multimodal")
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__, allow_empty=("drop",))
     if args.recovery_episodes < 0:
         sys.exit(f"--recovery-episodes: need 0 or more, got {args.recovery_episodes}")
     if args.binding_scenes < 1:

@@ -14,15 +14,16 @@ Writes benchmarks/results/rl_finetune.json/.md and docs/rl_finetune.png (success
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
-from _common import machine, write_results
+from _common import machine, parse_args, write_results
 from _rl import ROOT, finished, template, train_one
 from dmrl.train.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
@@ -32,6 +33,7 @@ from dmrl.train.metrics import wilson_interval
 # bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (--arms bc_rl bc_rl_uniform
 # --name rl_per).
 ONLINE = {"bc_rl": (True, True), "scratch": (False, True), "bc_rl_uniform": (True, False)}
+Arm = Literal[("bc", *ONLINE)]  # --arms choices
 COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4"}
 LABELS = {
     "bc_rl": "(c) BC -> online (PER)",
@@ -87,34 +89,42 @@ def steps_to(points: list[tuple[int, int, float]], threshold: float) -> int | No
     return None
 
 
+@dataclass
+class Args:
+    config: Path = ROOT / "configs" / "rl_offline.yaml"
+    """actor and critic preset"""
+    demos: int = 20
+    """suboptimal-expert episodes of the weak dataset"""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    """training seeds"""
+    bc_steps: int = 2000
+    """BC updates of arm (b) and of (c)'s start"""
+    steps: int = 3000
+    """online updates of arms (a) and (c)"""
+    eta: float = 0.05
+    """Diffusion-QL's Q weight online"""
+    scratch_eta: float | None = None
+    """eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train"""
+    bc_data: Literal["replay", "successes"] = "successes"
+    """what the online actor's BC term imitates (online_rl.bc_data)"""
+    eval_every: int = 250
+    """updates between learning-curve points"""
+    curve_episodes: int = 20
+    """episodes per curve point"""
+    episodes: int = 100
+    """final evaluation episodes"""
+    arms: list[Arm] = field(default_factory=lambda: ["bc", "bc_rl", "scratch"])
+    """arms to run"""
+    out: Path = ROOT / "outputs" / "rl_finetune"
+    """run directories go here"""
+    name: str = "rl_finetune"
+    """results name (rl_per: --arms bc_rl bc_rl_uniform)"""
+    replot: bool = False
+    """only redraw docs/{name}.png from the results JSON"""
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--config", type=Path, default=ROOT / "configs" / "rl_offline.yaml")
-    ap.add_argument("--demos", type=int, default=20)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--bc-steps", type=int, default=2000)
-    ap.add_argument("--steps", type=int, default=3000, help="online updates of arms (a) and (c)")
-    ap.add_argument("--eta", type=float, default=0.05, help="Diffusion-QL's Q weight online")
-    ap.add_argument(
-        "--scratch-eta",
-        type=float,
-        default=None,
-        help="eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train",
-    )
-    ap.add_argument(
-        "--bc-data",
-        default="successes",
-        choices=["replay", "successes"],
-        help="what the online actor's BC term imitates (online_rl.bc_data)",
-    )
-    ap.add_argument("--eval-every", type=int, default=250)
-    ap.add_argument("--curve-episodes", type=int, default=20)
-    ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--arms", nargs="+", default=["bc", "bc_rl", "scratch"], choices=["bc", *ONLINE])
-    ap.add_argument("--out", type=Path, default=ROOT / "outputs" / "rl_finetune")
-    ap.add_argument("--name", default="rl_finetune", help="results name (rl_per: --arms bc_rl bc_rl_uniform)")
-    ap.add_argument("--replot", action="store_true", help="only redraw docs/{name}.png from the results JSON")
-    args = ap.parse_args()
+    args = parse_args(Args, __doc__)
     if args.replot:
         path = ROOT / "benchmarks" / "results" / f"{args.name}.json"
         if not path.is_file():
