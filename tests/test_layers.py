@@ -15,8 +15,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: Lowest first. Edit here when a module moves. Prefixes match whole dotted segments ("dmrl.config" is not
-#: "dmrl.config_utils").
+#: Lowest first. Edit here when a module moves. Prefixes match whole dotted segments ("dmrl.data" is not
+#: "dmrl.database").
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("dmrl.types", "dmrl.config_utils", "dmrl._gl")),
     # The package root registers the environments with gymnasium (``import dmrl``), so it sits with envs.
@@ -26,8 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("diffusion", ("dmrl.diffusion",)),
     ("policies", ("dmrl.policies",)),
     ("algos", ("dmrl.algos",)),
-    # dmrl.config (the experiment config) is moving to dmrl/train/config.py; until then it is train's.
-    ("train", ("dmrl.train", "dmrl.config")),
+    ("train", ("dmrl.train",)),
     ("export/serve", ("dmrl.export", "dmrl.serve")),
     ("cli", ("dmrl.cli", "dmrl.__main__")),
 ]

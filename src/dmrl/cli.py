@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -41,12 +42,7 @@ def _run_collect(cfg) -> None:
 
 
 def _run_train(cfg) -> None:
-    if cfg.online:
-        from dmrl.train.online import train_online as train
-    elif cfg.algo == "bc":
-        from dmrl.train.offline import train_bc as train
-    else:
-        from dmrl.train.offline_rl import train_offline_rl as train
+    from dmrl.train.run import train
 
     summary = train(cfg)
     print(json.dumps(summary, indent=2, default=str))
@@ -54,10 +50,10 @@ def _run_train(cfg) -> None:
 
 
 def _commands() -> dict[str, tuple[type, object, str]]:
-    from dmrl.config import TrainConfig
     from dmrl.data.collect import CollectConfig
     from dmrl.export.cli import ExportConfig, run_export
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
+    from dmrl.train.config import TrainConfig
     from dmrl.train.evaluate_cli import EvalConfig, run_eval
 
     return {
@@ -66,7 +62,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
         "train": (
             TrainConfig,
             _run_train,
-            "behaviour cloning of a diffusion / gaussian / vae policy, or offline RL (--algo)",
+            "train a policy: behaviour cloning, offline or online RL (--policy.type, --algo.type, --source.type)",
         ),
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
@@ -93,11 +89,21 @@ def _split_preset(argv: list[str]) -> tuple[Path | None, list[str]]:
 
 
 def _parse(cls: type, argv: list[str], prog: str, default=None):
-    """tyro parsing, with its boxed multi-line errors turned into the one line every dmrl error is."""
+    """tyro parsing, with its boxed multi-line errors turned into the one line every dmrl error is.
+
+    ``--FIELD.type NAME`` flags of choice fields (e.g. --policy.type) are applied first; the parser then sees the
+    config class narrowed to the chosen types, so its flags and help are those of the chosen policy/algorithm."""
+    from dmrl.config_utils import choices, cli_type, pop_type_flags
+
+    parsed_type = cls
+    if choices(cls):
+        default = cls() if default is None else default
+        default, argv = pop_type_flags(default, argv)
+        parsed_type = cli_type(cls, default)
     buf = io.StringIO()
     try:
         with contextlib.redirect_stderr(buf):
-            return tyro.cli(cls, args=argv, prog=prog, default=default)
+            return tyro.cli(parsed_type, args=argv, prog=prog, default=default)
     except SystemExit as e:
         if e.code in (0, None):
             raise
@@ -125,8 +131,35 @@ def _first_message(text: str, prog: str) -> str:
     return f"{msg} (see {prog} --help)"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Progress messages of dmrl's loggers on the *current* sys.stderr (stdout carries results: JSON, tables)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    root = logging.getLogger("dmrl")
+    handler, level = _StderrHandler(), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def _main(argv: list[str]) -> int:
     try:
         commands = _commands()
         if not argv or argv[0] in ("-h", "--help"):
@@ -139,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         preset, rest = _split_preset(rest)
         default = None
         if preset is not None:
-            from dmrl.config import load_yaml, merge
+            from dmrl.config_utils import load_yaml, merge
 
             if name not in ("train", "compare", "demo"):
                 raise ValueError(f"--config presets are for train, compare and demo, not {name}")

@@ -1,10 +1,17 @@
-"""Strict dict <-> dataclass conversion, YAML presets and nested overrides (no eval, no _target_; no dmrl imports)."""
+"""Strict dict <-> dataclass conversion, YAML presets and nested overrides (no eval, no _target_; no dmrl imports).
+
+A field made with :func:`choice` holds one of several config classes, chosen by name (a tagged union, as
+lerobot's ``--policy.type``): in dicts and YAML it reads ``{"type": name, ...fields}`` (or just the name), on the
+command line ``--FIELD.type NAME``, and :func:`cli_type` narrows a generic config class to the chosen classes so a
+parser sees (and its help lists) only their fields.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,10 +20,75 @@ import yaml
 T = TypeVar("T")
 
 
+def choice(registry: Mapping[str, type], default: str) -> Any:
+    """A dataclass field holding an instance of one of ``registry``'s classes (name -> config class)."""
+    return dataclasses.field(default_factory=registry[default], metadata={"choices": registry})
+
+
+def choices(cls: Any) -> dict[str, Mapping[str, type]]:
+    """{field name: registry} of the :func:`choice` fields of dataclass ``cls`` (a class or an instance)."""
+    return {f.name: f.metadata["choices"] for f in dataclasses.fields(cls) if "choices" in f.metadata}
+
+
+def type_name(value: Any, registry: Mapping[str, type]) -> str:
+    """The registry name of a choice field's value."""
+    return next(name for name, c in registry.items() if type(value) is c)
+
+
+def _choose(registry: Mapping[str, type], current: Any, value: Any, where: str) -> Any:
+    """A choice field's new value: ``value`` is a name or {"type": name, ...}; same type: ``current`` updated."""
+    if isinstance(value, str):
+        value = {"type": value}
+    if dataclasses.is_dataclass(value) and type(value) in registry.values():
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"config {where}: expected a type name or a mapping with 'type', got {value!r}")
+    fields = dict(value)
+    name = fields.pop("type", None) or (type_name(current, registry) if current is not None else None)
+    if name not in registry:
+        raise ValueError(f"config key '{where}.type': got {name!r}; allowed: {', '.join(registry)}")
+    if current is not None and type(current) is registry[name]:
+        return merge(current, fields, where)
+    return from_dict(registry[name], fields, where)
+
+
+def cli_type(cls: type, cfg: Any) -> Any:
+    """The type a CLI parser should see for ``cfg`` (an instance of ``cls``): a generic ``cls`` whose type parameters
+    annotate choice fields is specialised to the classes ``cfg`` holds there."""
+    params = getattr(cls, "__parameters__", ())
+    if not params:
+        return cls
+    hints = typing.get_type_hints(cls)
+    by_param = {hints[name]: type(getattr(cfg, name)) for name in choices(cls)}
+    return cls[tuple(by_param[p] for p in params)]
+
+
+def pop_type_flags(cfg: T, argv: list[str]) -> tuple[T, list[str]]:
+    """Apply and remove ``--FIELD.type NAME`` / ``--FIELD.type=NAME`` flags of ``cfg``'s choice fields."""
+    rest, overrides = list(argv), {}
+    for name in choices(cfg):
+        flag = f"--{name}.type"
+        for i, a in enumerate(rest):
+            if a == flag:
+                if i + 1 >= len(rest):
+                    raise ValueError(f"{flag} needs a value: {', '.join(choices(cfg)[name])}")
+                overrides[name] = rest[i + 1]
+                del rest[i : i + 2]
+                break
+            if a.startswith(flag + "="):
+                overrides[name] = a.split("=", 1)[1]
+                del rest[i]
+                break
+    return (merge(cfg, overrides) if overrides else cfg), rest
+
+
 def to_dict(cfg: Any) -> Any:
-    """Dataclass -> JSON-able nested dict (Paths and tuples become str and lists)."""
+    """Dataclass -> JSON-able nested dict (Paths and tuples become str and lists; choice fields get "type")."""
     if dataclasses.is_dataclass(cfg):
-        return {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        out = {f.name: to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+        for name, registry in choices(cfg).items():
+            out[name] = {"type": type_name(getattr(cfg, name), registry), **out[name]}
+        return out
     if isinstance(cfg, Path):
         return str(cfg)
     if isinstance(cfg, tuple | list):
@@ -37,8 +109,13 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         raise ValueError(f"config key {key!r} unknown; allowed here: {', '.join(sorted(fields))}")
     kwargs = {}
+    tagged = choices(cls)
     for name, value in data.items():
-        kwargs[name] = _convert(hints[name], value, f"{where}.{name}" if where else name)
+        key = f"{where}.{name}" if where else name
+        if name in tagged:
+            kwargs[name] = _choose(tagged[name], fields[name].default_factory(), value, key)
+        else:
+            kwargs[name] = _convert(hints[name], value, key)
     return cls(**kwargs)
 
 
@@ -46,11 +123,14 @@ def merge(cfg: T, overrides: dict[str, Any], where: str = "") -> T:
     """A copy of dataclass ``cfg`` with nested ``overrides`` applied (same strictness as :func:`from_dict`)."""
     base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.init}
     hints = typing.get_type_hints(type(cfg))
+    tagged = choices(cfg)
     for name, value in overrides.items():
         key = f"{where}.{name}" if where else name
         if name not in base:
             raise ValueError(f"config key {key!r} unknown; allowed here: {', '.join(sorted(base))}")
-        if dataclasses.is_dataclass(base[name]) and isinstance(value, dict):
+        if name in tagged:
+            base[name] = _choose(tagged[name], base[name], value, key)
+        elif dataclasses.is_dataclass(base[name]) and isinstance(value, dict):
             base[name] = merge(base[name], value, key)
         else:
             base[name] = _convert(hints[name], value, key)

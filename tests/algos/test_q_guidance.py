@@ -44,9 +44,8 @@ def _train_and_sample(eta: float, seed: int = 1, updates: int = 300, n: int = 25
         prediction_type="sample",
     )  # fmt: skip
     actor = build_policy("diffusion", CHUNK, cfg, OBS_DIMS, DA)
-    cfg = DiffusionQLConfig(eta=eta, actor_lr=3e-3, critic_lr=3e-3, export_ema=False, **algo_kw)
+    cfg = DiffusionQLConfig(eta=eta, actor_lr=3e-3, critic_lr=3e-3, actor_tau=1.0, **algo_kw)  # exports the actor
     algo = DiffusionQL(actor, tiny_critic(actor), cfg, engine())
-    algo.engine.prepare(algo)
     g = torch.Generator().manual_seed(seed + 1)
     for _ in range(updates):
         algo.update(_bandit_batch(64, g))

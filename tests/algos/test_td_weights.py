@@ -48,12 +48,13 @@ def test_weights_reach_the_critic_loss_and_td_error_is_per_item(kind):
     assert len({round(x.item(), 6) for x in one_hot}) > 1  # items differ, so a weight really picks one
 
 
-def test_update_returns_td_error_over_all_micro_batches():
+def test_update_splits_the_batch_into_micro_batches_and_returns_td_error_for_all():
     actor = diffusion_actor(steps=2)
     eng = Engine(EngineConfig(device="cpu", precision="fp32", grad_clip=1.0, accumulate=2))
     algo = DiffusionQL(actor, tiny_critic(actor), DiffusionQLConfig(), eng)
-    eng.prepare(algo)
-    logs = algo.update([batch(4, seed=0), batch(3, seed=1)])
-    assert isinstance(logs["td_error"], np.ndarray) and logs["td_error"].shape == (7,)
+    logs = algo.update(batch(8, seed=0))  # two micro-batches of 4
+    assert isinstance(logs["td_error"], np.ndarray) and logs["td_error"].shape == (8,)
     assert np.all(np.isfinite(logs["td_error"])) and np.all(logs["td_error"] >= 0)
-    assert isinstance(logs["critic_loss"], float)
+    assert logs["critic_loss"].ndim == 0 and np.isfinite(float(logs["critic_loss"]))
+    with pytest.raises(ValueError, match="do not split into --engine.accumulate 2"):
+        algo.update(batch(7, seed=1))

@@ -184,7 +184,7 @@ def test_trainable_layers_run_on_the_cached_prefix_exactly(loaded: Loaded) -> No
         grads = {n: p.grad for n, p in enc.minilm.named_parameters() if p.grad is not None}
         assert set(grads) == set(reference) and all(n.startswith("encoder.layer.5.") for n in grads)
         for name, grad in grads.items():
-            torch.testing.assert_close(grad, reference[name], atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(grad, reference[name], atol=5e-5, rtol=1e-4)  # float32 sums in another order
         assert len(enc.minilm.encoder.layer) == 6, "the layer list is restored after the call"
         enc.zero_grad(set_to_none=True)
         enc.config.dedupe = False  # all B rows through layer 5: same output and gradients as the 3 distinct rows
@@ -194,7 +194,7 @@ def test_trainable_layers_run_on_the_cached_prefix_exactly(loaded: Loaded) -> No
         for name, p in enc.minilm.named_parameters():
             assert (p.grad is None) == (name not in grads)
             if p.grad is not None:
-                torch.testing.assert_close(p.grad, grads[name], atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(p.grad, grads[name], atol=5e-5, rtol=1e-4)
         with pytest.raises(RuntimeError):
             enc._trainable_suffix(torch.zeros(4, 16, 7), mask)  # wrong width: fails inside the swapped forward
         assert len(enc.minilm.encoder.layer) == 6, "... and after an error"

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from dmrl.cli import main
-from dmrl.config import TrainConfig, load_yaml, merge
+from dmrl.config_utils import load_yaml, merge
+from dmrl.train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -28,20 +29,19 @@ def test_train_then_eval(tmp_path, dataset, policy, capsys):
                 str(dataset),
                 "--out",
                 str(run),
-                "--policy",
+                "--policy.type",
                 policy,
                 "--steps",
                 "12",
                 "--batch-size",
                 "16",
-                "--val-every",
+                "--source.val-every",
                 "6",
                 "--chunk.horizon",
                 "8",
                 "--chunk.n-action-steps",
                 "4",
-                "--diffusion.num-inference-steps",
-                "3",
+                *(["--policy.num-inference-steps", "3"] if policy == "diffusion" else []),
             ]
         )
         == 0
@@ -129,9 +129,10 @@ def test_compare_smoke(tmp_path, dataset):
 @pytest.mark.parametrize(
     "args, match",
     [
-        (["train", "--policy", "transformerz"], "--policy"),
+        (["train", "--policy.type", "transformerz"], "policy.type"),
+        (["train", "--policy.type", "gaussian", "--policy.num-inference-steps", "3"], "--policy.num-inference-steps"),
         (["train", "--dataset", "/nonexistent/x.zarr"], "x.zarr"),
-        (["train", "--optim.lr", "-1"], "optim"),
+        (["train", "--algo.lr", "-1"], "need lr > 0"),
         (["train", "--config", "/nonexistent.yaml"], "nonexistent.yaml"),
         (["eval", "--checkpoint", "/nonexistent/ckpt"], "ckpt"),
         (["frobnicate"], "unknown command"),
@@ -145,11 +146,11 @@ def test_bad_input_is_one_line(args, match, capsys):
 
 def test_yaml_preset_and_unknown_key(tmp_path):
     p = tmp_path / "p.yaml"
-    p.write_text("policy: vae\nsteps: 7\noptim: {lr: 0.002}\nvae: {beta: 0.5}\n")
+    p.write_text("policy: {type: vae, beta: 0.5}\nsteps: 7\nalgo: {lr: 0.002}\n")
     cfg = merge(TrainConfig(), load_yaml(p))
-    assert (cfg.policy, cfg.steps, cfg.optim.lr, cfg.vae.beta) == ("vae", 7, 0.002, 0.5)
-    p.write_text("optim: {learning_rate: 0.1}\n")
-    with pytest.raises(ValueError, match="optim.learning_rate"):
+    assert (cfg.policy_type, cfg.steps, cfg.algo.lr, cfg.policy.beta) == ("vae", 7, 0.002, 0.5)
+    p.write_text("algo: {learning_rate: 0.1}\n")
+    with pytest.raises(ValueError, match="algo.learning_rate"):
         merge(TrainConfig(), load_yaml(p))
 
 

@@ -19,6 +19,7 @@ from dmrl.train.engine import (
     resolve_precision,
     set_grad_checkpointing,
 )
+from dmrl.train.engine.core import split_batch
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +99,31 @@ def test_accumulation_equals_one_larger_batch():
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-7)
 
 
+def test_backward_splits_a_batch_into_accumulate_micro_batches():
+    """Engine.backward over one batch of 16 with accumulate 4 gives the gradients of four manual micro-batches."""
+    batch = _batch(16)
+    grads, logs = [], []
+    for manual in (True, False):
+        policy = _gaussian()
+        engine = Engine(EngineConfig(device="cpu", accumulate=4, grad_clip=0.0))
+        module = engine.prepare(policy)
+        if manual:
+            out = [
+                engine.forward_backward(module, _slice(batch, slice(4 * k, 4 * k + 4)), last=k == 3) for k in range(4)
+            ]
+            logs.append(sum(o["loss"].detach() for o in out) / 4)
+        else:
+            logs.append(engine.backward(module, batch)["loss"])
+        grads.append(torch.cat([p.grad.flatten() for p in policy.parameters()]))
+    assert torch.equal(grads[0], grads[1])
+    torch.testing.assert_close(logs[0], logs[1])
+    parts = split_batch({"x": torch.arange(6), "names": list("abcdef"), "progress": 0.5, "bc": None}, 3)
+    assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]] and parts[2]["names"] == ["e", "f"]
+    assert all(p["progress"] == 0.5 and p["bc"] is None for p in parts)
+    with pytest.raises(ValueError, match="batch key 'x': 6 items do not split into --engine.accumulate 4"):
+        split_batch({"x": torch.arange(6)}, 4)
+
+
 def test_clipping_reports_the_pre_clip_norm_and_bounds_the_update():
     policy = _gaussian()
     engine = Engine(EngineConfig(device="cpu", grad_clip=1e-3))
@@ -164,8 +190,8 @@ def test_global_batches_are_sharded_exactly_across_ranks_and_micro_batches():
     ranks = [iter(GlobalBatchSampler(100, 24, 3, DistInfo(r, 2, r), seed=3)) for r in range(2)]
     for _ in range(9):  # past one epoch (4 steps of 24 out of 100): reshuffled, tail dropped
         whole = next(single)
-        parts = [next(it) for it in ranks for _ in range(3)]
-        assert all(len(p) == 4 for p in parts) and sum(parts, []) == whole
+        parts = [next(it) for it in ranks]  # each rank's share of the step; the engine splits it into 3 of 4
+        assert all(len(p) == 12 for p in parts) and sum(parts, []) == whole
     resumed = iter(GlobalBatchSampler(100, 24, 1, DistInfo(), seed=3, start_step=6))
     fresh = iter(GlobalBatchSampler(100, 24, 1, DistInfo(), seed=3))
     assert next(resumed) == [next(fresh) for _ in range(7)][-1]

@@ -61,7 +61,7 @@ def _args(store: Path, out: Path, *extra: str, device: str = "cpu") -> list[str]
         str(store),
         "--out",
         str(out),
-        "--val-fraction",
+        "--source.val-fraction",
         "0",
         "--engine.device",
         device,
@@ -74,7 +74,7 @@ def _weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_torchrun_two_ranks_match_one_process_at_the_same_global_batch(store, tmp_path):
-    common = ["--policy", "gaussian", "--steps", "6", "--batch-size", "16", "--engine.save-every", "3"]
+    common = ["--policy.type", "gaussian", "--steps", "6", "--batch-size", "16", "--engine.save-every", "3"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "dmrl"]
     proc = subprocess.run(
         [*cmd, *_args(store, tmp_path / "ddp", *common)], env=ENV, capture_output=True, text=True, timeout=300
@@ -88,16 +88,16 @@ def test_torchrun_two_ranks_match_one_process_at_the_same_global_batch(store, tm
     for k in one:
         torch.testing.assert_close(ddp[k], one[k], rtol=1e-4, atol=1e-6, msg=k)
     moved = [
-        not torch.equal(v, load_file(str(tmp_path / "one" / "state" / "step_00000003" / "model.safetensors"))[k])
-        for k, v in load_file(str(tmp_path / "one" / "state" / "step_00000006" / "model.safetensors")).items()
+        not torch.equal(v, load_file(str(tmp_path / "one" / "state" / "step_00000003" / "algo.safetensors"))[k])
+        for k, v in load_file(str(tmp_path / "one" / "state" / "step_00000006" / "algo.safetensors")).items()
     ]
     assert any(moved)  # the runs trained: the comparison above is not between two untouched inits
 
 
 def test_sigkill_then_resume_ends_with_the_weights_of_an_uninterrupted_run(store, tmp_path):
     common = [
-        "--policy", "diffusion", "--steps", "400", "--batch-size", "64", "--engine.save-every", "40",
-        "--engine.deterministic", "--diffusion.denoiser-kwargs", "hidden_dim", "128", "n_blocks", "2",
+        "--policy.type", "diffusion", "--steps", "400", "--batch-size", "64", "--engine.save-every", "40",
+        "--engine.deterministic", "--policy.denoiser-kwargs", "hidden_dim", "128", "n_blocks", "2",
     ]  # fmt: skip
     killed = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-m", "dmrl", *_args(store, killed, *common)], env=ENV)
@@ -134,17 +134,17 @@ def test_bad_engine_input_is_one_line_and_writes_nothing(store, tmp_path, capsys
 
 def test_resume_refuses_a_different_config_and_a_corrupt_state(store, tmp_path, capsys):
     run = tmp_path / "run"
-    common = ["--policy", "gaussian", "--steps", "4", "--batch-size", "16", "--engine.save-every", "2"]
+    common = ["--policy.type", "gaussian", "--steps", "4", "--batch-size", "16", "--engine.save-every", "2"]
     assert main(_args(store, run, *common)) == 0
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    assert main(_args(store, run, "--policy", "vae", "--steps", "4", "--batch-size", "16", "--resume")) == 2
-    assert "--resume: policy is 'vae' but the run" in capsys.readouterr().err
+    assert main(_args(store, run, "--policy.type", "vae", "--steps", "4", "--batch-size", "16", "--resume")) == 2
+    assert "--resume: policy.type is 'vae' but the run" in capsys.readouterr().err
     assert main(_args(store, tmp_path / "none", *common, "--resume")) == 2
     assert "start the run without --resume" in capsys.readouterr().err
     assert main(_args(store, run, *common)) == 2  # neither --resume nor --overwrite
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before  # nothing touched
     newest = sorted((run / "state").glob("step_*"))[-1]
-    (newest / "model.safetensors").write_bytes(b"\x00" * 10)
+    (newest / "algo.safetensors").write_bytes(b"\x00" * 10)
     assert main(_args(store, run, *common, "--resume")) == 2
     err = capsys.readouterr().err
     assert str(newest) in err and "delete that directory" in err

@@ -32,10 +32,10 @@ TINY = [
     "--chunk.multimodal.perceiver.n-layers", "1",
     "--chunk.language.out-dim", "32",
     "--chunk.language.trainable-layers", "0",
-    "--diffusion.denoiser", "transformer",
-    "--diffusion.denoiser-kwargs", "d_model", "32", "n_layers", "1", "n_heads", "2",
-    "--diffusion.num-train-steps", "10",
-    "--diffusion.num-inference-steps", "2",
+    "--policy.denoiser", "transformer",
+    "--policy.denoiser-kwargs", "d_model", "32", "n_layers", "1", "n_heads", "2",
+    "--policy.num-train-steps", "10",
+    "--policy.num-inference-steps", "2",
 ]  # fmt: skip
 
 
@@ -48,7 +48,8 @@ def run(tmp_path_factory) -> Iterator:
     collect = ["collect", "--out", str(data), "--episodes", "3", "--workers", "0", "--image-size", "16"]
     assert main([*collect, "--obs-modes", *MODES, "state"]) == 0  # state: the auxiliary targets only
     train = ["train", "--dataset", str(data), "--out", str(out), "--steps", "4", "--batch-size", "8"]
-    assert main([*train, "--val-every", "2", "--chunk.aux-state", "7", "8", "9", "--chunk.pad-after", "6", *TINY]) == 0
+    aux = ["--chunk.aux-state", "7", "8", "9", "--chunk.pad-after", "6"]
+    assert main([*train, "--source.val-every", "2", *aux, *TINY]) == 0
     yield out
     torch.set_num_threads(before)
 
@@ -66,7 +67,7 @@ def test_train_saves_a_self_contained_multimodal_checkpoint(run):
     summary = json.loads((run / "summary.json").read_text())
     lengths = np.diff(EpisodeStore.open(run.parent / "d.zarr", "r").episode_ends, prepend=0)
     run_cfg = json.loads((run / "config.json").read_text())
-    train_eps, _ = split_episodes(len(lengths), run_cfg["val_fraction"], run_cfg["seed"])
+    train_eps, _ = split_episodes(len(lengths), run_cfg["source"]["val_fraction"], run_cfg["seed"])
     assert summary["train_episodes"] == len(train_eps) and summary["train_windows"] == lengths[train_eps].sum()
 
 

@@ -1,4 +1,4 @@
-"""CLI smoke runs of offline RL: dmrl train --algo diffusion-ql | td3-bc, eval of the exported actor, --init, resume."""
+"""CLI smoke runs of offline RL (--algo.type diffusion-ql | td3-bc): eval of the exported actor, --init, resume."""
 
 from __future__ import annotations
 
@@ -9,29 +9,12 @@ import pytest
 import torch
 
 from dmrl.cli import main
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
 
-TINY = [
-    "--batch-size",
-    "8",
-    "--chunk.horizon",
-    "8",
-    "--chunk.n-action-steps",
-    "4",
-    "--chunk.encoder.width",
-    "32",
-    "--diffusion.num-train-steps",
-    "20",
-    "--diffusion.num-inference-steps",
-    "3",
-    "--diffusion.denoiser-kwargs",
-    "hidden_dim",
-    "32",
-    "--critic.hidden",
-    "32",
-    "--critic.depth",
-    "2",
-]
+TINY = ["--batch-size", "8", "--chunk.horizon", "8", "--chunk.n-action-steps", "4", "--chunk.encoder.width", "32"]
+DIFFUSION = ["--policy.num-train-steps", "20", "--policy.num-inference-steps", "3"]
+DIFFUSION += ["--policy.denoiser-kwargs", "hidden_dim", "32"]
+CRITIC = ["--algo.critic.hidden", "32", "--algo.critic.depth", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +30,10 @@ def _train(dataset, run, *extra) -> int:
 
 def test_diffusion_ql_train_eval_and_init_from_bc(tmp_path, dataset, capsys):
     bc = tmp_path / "bc"
-    assert _train(dataset, bc, "--steps", "3") == 0
+    assert _train(dataset, bc, *DIFFUSION, "--steps", "3") == 0
     run = tmp_path / "dql"
-    args = ["--algo", "diffusion-ql", "--steps", "5", "--init", str(bc / "checkpoint"), "--val-every", "5"]
-    assert _train(dataset, run, *args, "--diffusion-ql.grad-steps-through-chain", "2") == 0
+    args = ["--algo.type", "diffusion-ql", "--steps", "5", "--init", str(bc / "checkpoint"), "--source.val-every", "5"]
+    assert _train(dataset, run, *args, *DIFFUSION, *CRITIC, "--algo.grad-steps-through-chain", "2") == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 5 and {"critic_loss", "actor_loss", "actor_q_loss", "val_loss"} <= set(lines[-1])
     policy, meta = load_policy(run / "checkpoint")  # the actor alone, a plain diffusion policy
@@ -65,26 +48,25 @@ def test_diffusion_ql_train_eval_and_init_from_bc(tmp_path, dataset, capsys):
     )
     assert json.loads((run / "eval" / "eval.json").read_text())["episodes"] == 1
     # --init whose settings differ from the run's: one line naming the key
-    bad = ["--algo", "diffusion-ql", "--steps", "1", "--init", str(bc / "checkpoint"), "--chunk.n-action-steps", "2"]
-    assert _train(dataset, tmp_path / "bad", *bad) == 2
+    bad = [
+        "--algo.type",
+        "diffusion-ql",
+        "--steps",
+        "1",
+        "--init",
+        str(bc / "checkpoint"),
+        "--chunk.n-action-steps",
+        "2",
+    ]
+    assert _train(dataset, tmp_path / "bad", *bad, *DIFFUSION) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "chunk.n_action_steps" in err[0], err
 
 
 def test_td3_bc_runs_and_resumes_exactly(tmp_path, dataset):
     run = tmp_path / "td3"
-    args = [
-        "--algo",
-        "td3-bc",
-        "--policy",
-        "gaussian",
-        "--gaussian.hidden",
-        "32",
-        "--steps",
-        "6",
-        "--engine.save-every",
-        "2",
-    ]
+    args = ["--algo.type", "td3-bc", "--policy.type", "gaussian", "--policy.hidden", "32", *CRITIC]
+    args += ["--steps", "6", "--engine.save-every", "2"]
     assert _train(dataset, run, *args) == 0
     full = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
     assert full["step"] == 6 and "actor_loss" in full and load_policy(run / "checkpoint")[0].name == "gaussian"
@@ -100,11 +82,12 @@ def test_td3_bc_runs_and_resumes_exactly(tmp_path, dataset):
 @pytest.mark.parametrize(
     "args, match",
     [
-        (["train", "--algo", "sac"], "--algo"),
-        (["train", "--algo", "td3-bc"], "--policy gaussian"),
+        (["train", "--algo.type", "sac"], "algo.type"),
+        (["train", "--algo.type", "td3-bc"], "--policy.type gaussian"),
         (["train", "--init", "/nonexistent/ckpt"], "--init"),
-        (["train", "--diffusion-ql.eta-schedule", "cosine"], "eta_schedule"),
-        (["train", "--algo", "diffusion-ql", "--chunk.pad-after", "14"], "--chunk.pad-after"),
+        (["train", "--algo.type", "diffusion-ql", "--algo.eta-schedule", "cosine"], "eta_schedule"),
+        (["train", "--algo.eta-schedule", "cosine"], "--algo.eta-schedule"),  # a diffusion-ql flag; bc has none
+        (["train", "--algo.type", "diffusion-ql", "--chunk.pad-after", "14"], "--chunk.pad-after"),
     ],
 )
 def test_bad_offline_rl_input_is_one_line(args, match, capsys):
@@ -115,10 +98,10 @@ def test_bad_offline_rl_input_is_one_line(args, match, capsys):
 
 def test_bc_run_from_before_the_algo_keys_still_resumes(tmp_path, dataset):
     run = tmp_path / "old"
-    args = ["train", "--dataset", str(dataset), "--out", str(run), *TINY[:8], "--steps", "2"]  # critic at defaults
+    args = ["train", "--dataset", str(dataset), "--out", str(run), *TINY, "--steps", "2"]
     assert main(args) == 0
     saved = json.loads((run / "config.json").read_text())
-    for key in ("algo", "init", "critic", "diffusion_ql", "td3_bc"):
+    for key in ("algo", "init"):  # absent from a run's config.json: they take their defaults
         del saved[key]
     (run / "config.json").write_text(json.dumps(saved))
     assert main([*args, "--resume"]) == 0
@@ -126,9 +109,10 @@ def test_bc_run_from_before_the_algo_keys_still_resumes(tmp_path, dataset):
 
 @pytest.mark.parametrize("algo", ["bc", "diffusion-ql"])
 def test_curve_points_are_logged_and_leave_training_unchanged(tmp_path, dataset, algo):
-    args = ["--algo", algo, "--steps", "4", "--eval-envs", "1"]
+    args = ["--algo.type", algo, "--steps", "4", "--eval-envs", "1", *DIFFUSION, *(CRITIC if algo != "bc" else [])]
     assert _train(dataset, tmp_path / "plain", *args) == 0
-    assert _train(dataset, tmp_path / "curve", *args, "--curve-every", "2", "--curve-episodes", "1") == 0
+    curve = ["--source.curve-every", "2", "--source.curve-episodes", "1"]
+    assert _train(dataset, tmp_path / "curve", *args, *curve) == 0
     records = [json.loads(x) for x in (tmp_path / "curve" / "metrics.jsonl").read_text().splitlines()]
     points = [r for r in records if "curve_success" in r]
     assert [p["step"] for p in points] == [2, 4]
@@ -143,6 +127,6 @@ def test_curve_points_are_logged_and_leave_training_unchanged(tmp_path, dataset,
 
 
 def test_curve_flags_are_checked(capsys):
-    assert main(["train", "--curve-every", "-1"]) == 2
+    assert main(["train", "--source.curve-every", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--curve-every" in err[0], err
+    assert len(err) == 1 and "--source.curve-every" in err[0], err

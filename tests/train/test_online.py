@@ -14,23 +14,30 @@ import pytest
 import torch
 
 from dmrl.cli import main
-from dmrl.config import TrainConfig, merge
+from dmrl.config_utils import merge
 from dmrl.data import ChunkTransitionDataset, EpisodeStore
 from dmrl.envs import make_env
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
+from dmrl.train.config import TrainConfig
 from dmrl.train.offline import build_from_store
-from dmrl.train.online import train_online
 from dmrl.train.online_workers import nest, rollout_chunks
+from dmrl.train.run import train
 
+DIFFUSION = {
+    "type": "diffusion",
+    "num_train_steps": 20,
+    "num_inference_steps": 3,
+    "denoiser_kwargs": {"hidden_dim": 32},
+}
+ONLINE = {"type": "online", "learning_starts": 4, "max_episode_steps": 24, "publish_every": 2}
 TINY = {
     "batch_size": 8,
     "chunk": {"horizon": 8, "n_action_steps": 4, "encoder": {"width": 32}},
-    "diffusion": {"num_train_steps": 20, "num_inference_steps": 3, "denoiser_kwargs": {"hidden_dim": 32}},
-    "critic": {"hidden": 32, "depth": 2},
-    "algo": "diffusion-ql",
-    "online": True,
-    "online_rl": {"learning_starts": 4, "max_episode_steps": 24, "publish_every": 2},
+    "policy": DIFFUSION,
+    "algo": {"type": "diffusion-ql", "critic": {"hidden": 32, "depth": 2}},
+    "source": ONLINE,
 }
+GAUSSIAN_TD3 = {"policy": "gaussian", "algo": {"type": "td3-bc", "critic": {"hidden": 32, "depth": 2}}}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +52,8 @@ def _cfg(dataset, out, **over) -> TrainConfig:
 
 
 def test_online_smoke_checkpoint_and_no_children(tmp_path, dataset):
-    cfg = _cfg(dataset, tmp_path / "run", steps=6, online_rl={**TINY["online_rl"], "eval_every": 3, "eval_episodes": 1})
-    summary = train_online(cfg, progress=False)
+    cfg = _cfg(dataset, tmp_path / "run", steps=6, source={**ONLINE, "eval_every": 3, "eval_episodes": 1})
+    summary = train(cfg, progress=False)
     assert summary["train_steps"] == 6 and summary["env_steps"] > 0
     policy, meta = load_policy(tmp_path / "run" / "checkpoint")
     assert policy.name == "diffusion" and meta["online"] is True
@@ -64,7 +71,7 @@ def test_killed_collector_is_restarted_and_logged(tmp_path, dataset):
             killed.append(info["collector_pids"][0])
             time.sleep(0.5)  # let it die before the next liveness check
 
-    summary = train_online(_cfg(dataset, tmp_path / "run", steps=8), progress=False, hook=hook)
+    summary = train(_cfg(dataset, tmp_path / "run", steps=8), progress=False, hook=hook)
     assert killed and summary["collector_restarts"] >= 1 and summary["train_steps"] == 8
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(x.get("collector_restart") == 0 for x in lines)
@@ -100,8 +107,8 @@ def test_td3_bc_online_td_errors_move_priorities_off_the_max(tmp_path, dataset):
         if info["update"] == 5 and len(buf):
             seen["p"] = buf.priorities(np.arange(len(buf)))
 
-    cfg = _cfg(dataset, tmp_path / "run", steps=6, algo="td3-bc", policy="gaussian")
-    summary = train_online(cfg, progress=False, hook=hook)
+    cfg = _cfg(dataset, tmp_path / "run", steps=6, **GAUSSIAN_TD3)
+    summary = train(cfg, progress=False, hook=hook)
     assert summary["train_steps"] == 6
     p = seen["p"]
     assert len(np.unique(np.round(p, 9))) > 2, p  # not all at the initial max: TD errors were written back
@@ -139,9 +146,11 @@ def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
 
     run = tmp_path / "run"
     preset = tmp_path / "tiny.yaml"
-    preset.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "online"}))
-    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--online", "--dataset", str(dataset),
-            "--out", str(run), "--steps", "100000", "--online-rl.n-collectors", "2"]  # fmt: skip
+    preset.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "source"}))
+    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--source.type", "online",
+            "--source.learning-starts", "4", "--source.max-episode-steps", "24", "--source.publish-every", "2",
+            "--dataset", str(dataset), "--out", str(run), "--steps", "100000",
+            "--source.n-collectors", "2"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -174,11 +183,11 @@ def test_process_exits_when_weights_were_queued_for_a_busy_evaluator(tmp_path, d
     import yaml
 
     preset = tmp_path / "big.yaml"
-    big = {k: v for k, v in TINY.items() if k != "online"}
-    big["diffusion"] = {**TINY["diffusion"], "denoiser_kwargs": {"hidden_dim": 256}}  # ~1 MB of weights
-    big["online_rl"] = {**TINY["online_rl"], "eval_every": 1, "eval_episodes": 5}
+    big = dict(TINY)
+    big["policy"] = {**DIFFUSION, "denoiser_kwargs": {"hidden_dim": 256}}  # ~1 MB of weights
+    big["source"] = {**ONLINE, "eval_every": 1, "eval_episodes": 5}
     preset.write_text(yaml.safe_dump(big))
-    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--online", "--dataset", str(dataset),
+    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--dataset", str(dataset),
             "--out", str(tmp_path / "run"), "--steps", "6"]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -199,8 +208,8 @@ def test_prefill_puts_every_dataset_transition_in_the_replay(tmp_path, dataset):
             seen["episode"] = buf.gather(np.arange(len(buf)))["episode"]
             seen["item0"] = buf.gather(np.array([0]))
 
-    online = {**TINY["online_rl"], "prefill_from_dataset": True, "learning_starts": 1}
-    train_online(_cfg(dataset, tmp_path / "run", steps=2, online_rl=online), progress=False, hook=hook)
+    online = {**ONLINE, "prefill_from_dataset": True, "learning_starts": 1}
+    train(_cfg(dataset, tmp_path / "run", steps=2, source=online), progress=False, hook=hook)
     c = _cfg(dataset, "unused").chunk
     ds = ChunkTransitionDataset(EpisodeStore.open(dataset), c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
     offline = seen["episode"][seen["episode"] < 0]
@@ -219,8 +228,8 @@ def test_self_imitation_ring_holds_the_successful_episodes_and_trains(tmp_path, 
         if info["update"] == 0 and not seen:
             seen["n"] = len(info["successes"])
 
-    online = {**TINY["online_rl"], "prefill_from_dataset": True, "learning_starts": 1, "bc_data": "successes"}
-    summary = train_online(_cfg(dataset, tmp_path / "run", steps=3, online_rl=online), progress=False, hook=hook)
+    online = {**ONLINE, "prefill_from_dataset": True, "learning_starts": 1, "bc_data": "successes"}
+    summary = train(_cfg(dataset, tmp_path / "run", steps=3, source=online), progress=False, hook=hook)
     c = _cfg(dataset, "unused").chunk
     store = EpisodeStore.open(dataset)
     won = np.flatnonzero(store.success)
@@ -229,4 +238,4 @@ def test_self_imitation_ring_holds_the_successful_episodes_and_trains(tmp_path, 
     assert seen["n"] == len(ds), "the dataset's successful episodes, and only they, start the imitation ring"
     assert summary["train_steps"] == 3 and summary["successes_size"] >= len(ds)
     with pytest.raises(ValueError, match="bc-data successes is a diffusion-ql option"):
-        _cfg(dataset, tmp_path / "x", algo="td3-bc", policy="gaussian", online_rl=online)
+        _cfg(dataset, tmp_path / "x", **GAUSSIAN_TD3, source=online)

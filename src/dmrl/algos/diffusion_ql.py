@@ -10,15 +10,24 @@ truncated backprop through the chain).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dmrl.algos.common import Stepper, as_micro_batches, backward_micro
-from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update, td_regression
-from dmrl.policies.base import ChunkPolicy
+from dmrl.algos.common import Stepper
+from dmrl.algos.critic import (
+    ChunkCritic,
+    CriticConfig,
+    chunk_td_target,
+    frozen,
+    frozen_copy,
+    polyak_update,
+    td_regression,
+)
+from dmrl.policies.base import ActionQueue, ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 
 ETA_SCHEDULES = ("constant", "linear")
@@ -36,7 +45,7 @@ def repeat_obs(obs: dict, n: int) -> dict:
 
 @dataclass
 class DiffusionQLConfig:
-    """Q-term weight, gradient path through the DDIM chain, learning rates and best-of-N evaluation."""
+    """Diffusion-QL: Q-term weight, gradient path through the DDIM chain, critic, learning rates, best-of-N."""
 
     eta: float = 1.0
     """Weight of the Q term: actor_loss = bc_loss + eta * (-Q(s, a_theta) / mean|Q|)."""
@@ -60,9 +69,13 @@ class DiffusionQLConfig:
     value_samples: int = 4
     """Actor chunks per state whose mean Q is the baseline V(s) of the advantage."""
     actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
     critic_lr: float = 3e-4
-    export_ema: bool = True
-    """Export (and sample TD targets from) the EMA actor, as the BC trainer exports its EMA; False: the raw actor."""
+    """Adam learning rate of the critic."""
+    actor_tau: float = 0.005
+    """Polyak rate of the EMA actor, which samples the TD targets' next chunks and is exported:
+    ema += actor_tau * (actor - ema) after every update."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
     def __post_init__(self) -> None:
         if self.eta < 0 or self.eta_schedule not in ETA_SCHEDULES or self.eta_warmup_steps < 1:
@@ -82,6 +95,8 @@ class DiffusionQLConfig:
                 "diffusion_ql: need bc_weight_beta > 0, bc_weight_max >= 1, value_samples >= 1; got "
                 f"{self.bc_weight_beta}, {self.bc_weight_max}, {self.value_samples}"
             )
+        if not 0.0 < self.actor_tau <= 1.0:
+            raise ValueError(f"--algo.actor-tau: got {self.actor_tau}; allowed (0, 1]")
         if self.n_action_samples < 1 or self.actor_lr <= 0 or self.critic_lr <= 0:
             raise ValueError(
                 f"diffusion_ql: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0; got "
@@ -94,8 +109,8 @@ class DiffusionQL(nn.Module):
 
     Batches: dmrl.data.ChunkTransitionDataset items with B in front (obs / next_obs {key: (B, To, ...)} raw,
     action (B, Tp, Da) raw, action_mask (B, Tp), reward / done / valid (B, Ta), next_valid (B,)), plus an
-    optional "progress" in [0, 1] for the hybrid loss weights. ``engine``: dmrl.train.engine.Engine (or any
-    Stepper); build actor and critic on its device and call ``engine.prepare(algo)`` before the first update.
+    optional "progress" in [0, 1] for the hybrid loss weights and PER "weights" (B,). ``engine``:
+    dmrl.train.engine.Engine; build actor and critic on its device (the constructor prepares the algorithm).
     """
 
     def __init__(
@@ -104,12 +119,11 @@ class DiffusionQL(nn.Module):
         critic: ChunkCritic,
         config: DiffusionQLConfig,
         engine: Stepper,
-        ema_decay: float = 0.995,
     ):
         super().__init__()
         if not isinstance(actor, DiffusionPolicy):
             raise ValueError(
-                f"diffusion-ql trains a diffusion actor; got policy {actor.name!r} (use --policy diffusion)"
+                f"diffusion-ql trains a diffusion actor; got policy {actor.name!r} (use --policy.type diffusion)"
             )
         n_steps = actor.sampler.num_steps
         self.grad_steps = config.grad_steps_through_chain or n_steps
@@ -118,7 +132,7 @@ class DiffusionQL(nn.Module):
                 f"diffusion_ql.grad_steps_through_chain: got {self.grad_steps}; allowed 1..S={n_steps} "
                 "(S: diffusion.num_inference_steps)"
             )
-        self.config, self.engine, self.ema_decay = config, engine, ema_decay
+        self.config, self.engine = config, engine
         self.actor, self.critic = actor, critic
         self.actor_ema = frozen_copy(actor)
         self.critic_target = frozen_copy(critic)
@@ -127,11 +141,12 @@ class DiffusionQL(nn.Module):
         self.actor_opt = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr)
         self.critic_opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=config.critic_lr)
         self.n_updates = 0
+        engine.prepare(self)  # every trainable weight of actor and critic is what the engine clips
 
     @property
     def policy(self) -> DiffusionPolicy:
-        """The exported actor: the EMA weights by default (export_ema)."""
-        return self.actor_ema if self.config.export_ema else self.actor
+        """The exported actor: the EMA weights."""
+        return self.actor_ema
 
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -145,7 +160,7 @@ class DiffusionQL(nn.Module):
         """Sum over heads of the (PER-weighted) squared error to the chunk TD target; a' from the EMA actor."""
         target_actor = self.policy
         with torch.no_grad():
-            next_chunk = target_actor._sample_chunk(*target_actor.condition(batch["next_obs"]))  # (B, Tp, Da)
+            next_chunk = target_actor.sample_chunk(*target_actor.condition(batch["next_obs"]))  # (B, Tp, Da)
             next_q = self.critic_target(batch["next_obs"], self.critic.executed(next_chunk)).min(0).values  # (B,)
             y = chunk_td_target(
                 batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_q, self.critic.config.gamma
@@ -172,7 +187,7 @@ class DiffusionQL(nn.Module):
         q_loss = bc_loss.new_zeros(())
         if eta > 0:  # eta 0 (self-imitation, advantage-weighted BC alone) skips the sampling through the chain
             cond, cond_mask = self.actor.condition(batch["obs"])
-            a_theta = self.actor.sample_with_grad(cond, self.grad_steps, cond_mask)  # (B, Tp, Da) normalised
+            a_theta = self.actor.sample_chunk(cond, cond_mask, grad_steps=self.grad_steps)  # (B, Tp, Da) normalised
             q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); frozen by update()
             # Dividing by mean|Q| (no gradient) makes eta independent of the reward scale (Wang et al.; Fujimoto & Gu).
             q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
@@ -188,30 +203,29 @@ class DiffusionQL(nn.Module):
         q_data = self.critic(obs, self.critic.executed_from_data(batch["action"])).min(0).values.float()  # (B,)
         b = q_data.shape[0]
         rep = repeat_obs(obs, n)
-        chunks = self.policy._sample_chunk(*self.policy.condition(rep))  # (B * n, Tp, Da) normalised
+        chunks = self.policy.sample_chunk(*self.policy.condition(rep))  # (B * n, Tp, Da) normalised
         v = self.critic(rep, self.critic.executed(chunks)).min(0).values.float().view(b, n).mean(1)  # (B,)
         adv = q_data - v
         w = torch.exp(adv / (c.bc_weight_beta * adv.abs().mean().clamp_min(1e-6))).clamp(max=c.bc_weight_max)
         return w / w.mean()
 
-    def update(self, batch: dict | list[dict]) -> dict[str, Any]:
-        """One training step on a batch (or the engine's accumulate micro-batches): critic, actor, targets."""
-        micro = as_micro_batches(batch)
+    def update(self, batch: dict) -> dict[str, Any]:
+        """One training step: critic, actor, targets. Returns losses (tensors) and td_error (B,) numpy."""
         # 1. Critic: regress every Q head on the TD target built from the EMA actor and the target critic.
-        logs = {f"critic_{k}": v for k, v in backward_micro(self.engine, self.critic_loss, micro).items()}
-        logs["td_error"] = logs.pop("critic_td_error")  # (B,) numpy: the trainer's new PER priorities
+        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
+        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()  # (B,): new PER priorities
         critic_stats = self.engine.step(self.critic_opt)
         # 2. Actor: against the just-updated critic, which gets no gradient from this loss.
         with frozen(self.critic):
-            logs |= {f"actor_{k}": v for k, v in backward_micro(self.engine, self.actor_loss, micro).items()}
+            logs |= {f"actor_{k}": v for k, v in self.engine.backward(self.actor_loss, batch).items()}
         actor_stats = self.engine.step(self.actor_opt)
-        # 3. Targets: Polyak-averaged critic; the EMA actor is the same average at rate 1 - ema_decay.
+        # 3. Targets: Polyak-averaged critic and EMA actor.
         polyak_update(self.critic_target, self.critic, self.critic.config.tau)
-        polyak_update(self.actor_ema, self.actor, 1.0 - self.ema_decay)
+        polyak_update(self.actor_ema, self.actor, self.config.actor_tau)
         logs["eta"] = self.eta()
         self.n_updates += 1
-        logs["critic_grad_norm"] = float(critic_stats["grad_norm"])
-        logs["actor_grad_norm"] = float(actor_stats["grad_norm"])
+        logs["critic_grad_norm"] = critic_stats["grad_norm"]
+        logs["actor_grad_norm"] = actor_stats["grad_norm"]
         return logs
 
     def evaluation_policy(self) -> ChunkPolicy:
@@ -221,20 +235,52 @@ class DiffusionQL(nn.Module):
         return CriticRankedPolicy(self.policy, self.critic_target, self.config.n_action_samples)
 
 
-class CriticRankedPolicy(ChunkPolicy):
+class CriticRankedPolicy(nn.Module):
     """Best-of-N action selection: the actor samples N chunks per observation, the critic's min-ensemble Q picks one.
 
-    An evaluation-time wrapper with ``act`` / ``reset`` / ``predict_chunk`` (the receding-horizon queue of
-    ChunkPolicy); it is never saved: the checkpoint is the plain actor, which loads without a critic.
+    An evaluation-time wrapper around the actor (composition, not a subclass): it offers what evaluation calls on a
+    policy (``act``, ``reset``, ``predict_chunk``, ``chunk``, ``normalizer``, ``name``, ``.to()``, ``.eval()``)
+    and keeps its own receding-horizon queue, so it never disturbs the actor's. ``chunk`` starts as the actor's;
+    changing it (e.g. Ta, dmrl.train.evaluate.set_action_steps) changes how this wrapper executes, not the actor.
+    It is never saved: the checkpoint is the plain actor, which loads without a critic.
     """
 
     def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int):
-        nn.Module.__init__(self)  # not ChunkPolicy.__init__: the actor already owns the encoder and normaliser
+        super().__init__()
         self.actor, self.critic, self.n_samples = actor, critic, n_samples
-        self.name, self.config, self.chunk = actor.name, actor.config, actor.chunk
-        self.obs_dims, self.action_dim, self.vector_keys = actor.obs_dims, actor.action_dim, actor.vector_keys
-        self.normalizer = actor.normalizer
-        self.reset()
+        self.chunk = actor.chunk
+        self._actions = ActionQueue()
+
+    @property
+    def name(self) -> str:
+        return self.actor.name
+
+    @property
+    def config(self) -> Any:
+        return self.actor.config
+
+    @property
+    def obs_dims(self) -> dict:
+        return self.actor.obs_dims
+
+    @property
+    def action_dim(self) -> int:
+        return self.actor.action_dim
+
+    @property
+    def normalizer(self) -> nn.Module:
+        return self.actor.normalizer
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        """Forget history and queued actions, for all envs or those where ``mask`` (B,) is True."""
+        self._actions.reset(mask)
+
+    @torch.inference_mode()
+    def act(self, obs: dict) -> np.ndarray:
+        """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,), as :meth:`ChunkPolicy.act` (the
+        same timeline), with each chunk planned by this wrapper's best-of-N ``predict_chunk``."""
+        device = next(self.parameters()).device
+        return self._actions.step(obs, self.chunk, self.actor.action_dim, device, self.predict_chunk)
 
     @torch.no_grad()
     def predict_chunk(self, obs: dict) -> Tensor:
@@ -243,7 +289,7 @@ class CriticRankedPolicy(ChunkPolicy):
         first = next(iter(obs.values()))
         b = len(first) if isinstance(first, list) else first.shape[0]
         rep = repeat_obs(obs, n)  # sample j of env i is row i * N + j
-        chunks = self.actor._sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
+        chunks = self.actor.sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
         q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
         return self.actor.normalizer.unnormalize("actions", best).clamp(-1.0, 1.0)

@@ -8,14 +8,22 @@ move every ``policy_delay`` critic steps, and the target action is smoothed with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dmrl.algos.common import Stepper, as_micro_batches, backward_micro
-from dmrl.algos.critic import ChunkCritic, chunk_td_target, frozen, frozen_copy, polyak_update, td_regression
+from dmrl.algos.common import Stepper
+from dmrl.algos.critic import (
+    ChunkCritic,
+    CriticConfig,
+    chunk_td_target,
+    frozen,
+    frozen_copy,
+    polyak_update,
+    td_regression,
+)
 from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.gaussian import GaussianPolicy
 from dmrl.policies.mlp_heads import masked_mean
@@ -34,7 +42,10 @@ class TD3BCConfig:
     noise_clip: float = 0.5
     """Clip of that noise."""
     actor_lr: float = 3e-4
+    """Adam learning rate of the actor."""
     critic_lr: float = 3e-4
+    """Adam learning rate of the critic."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
 
     def __post_init__(self) -> None:
         if self.alpha < 0 or self.policy_delay < 1 or self.policy_noise < 0 or self.noise_clip < 0:
@@ -48,7 +59,7 @@ class TD3BCConfig:
 
 def mean_chunk(policy: GaussianPolicy, obs: dict) -> Tensor:
     """Raw obs {key: (B, To, ...)} -> the policy's deterministic normalised chunk (B, Tp, Da)."""
-    return policy._sample_chunk(policy.encode(obs))
+    return policy.sample_chunk(policy.encode(obs), grad_steps=1)  # gradients wherever the caller has them
 
 
 class TD3BC(nn.Module):
@@ -60,7 +71,7 @@ class TD3BC(nn.Module):
     def __init__(self, actor: GaussianPolicy, critic: ChunkCritic, config: TD3BCConfig, engine: Stepper):
         super().__init__()
         if not isinstance(actor, GaussianPolicy):
-            raise ValueError(f"td3-bc trains a gaussian actor; got policy {actor.name!r} (use --policy gaussian)")
+            raise ValueError(f"td3-bc trains a gaussian actor; got policy {actor.name!r} (use --policy.type gaussian)")
         self.config, self.engine = config, engine
         self.actor, self.critic = actor, critic
         self.actor_target = frozen_copy(actor)
@@ -68,7 +79,8 @@ class TD3BC(nn.Module):
         self.actor_opt = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr)
         self.critic_opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=config.critic_lr)
         self.n_updates = 0
-        self._actor_logs: dict[str, float] = {}  # the last actor step's, reported on the steps in between
+        self._actor_logs: dict[str, Any] = {}  # the last actor step's, reported on the steps in between
+        engine.prepare(self)  # every trainable weight of actor and critic is what the engine clips
 
     @property
     def policy(self) -> GaussianPolicy:
@@ -103,17 +115,16 @@ class TD3BC(nn.Module):
         actor_loss = -lam * q.mean() + bc_loss
         return {"loss": actor_loss, "bc_loss": bc_loss.detach(), "q": q.mean().detach(), "lambda": lam}
 
-    def update(self, batch: dict | list[dict]) -> dict[str, Any]:
+    def update(self, batch: dict) -> dict[str, Any]:
         """One training step: critic; every policy_delay-th step also actor and both targets."""
-        micro = as_micro_batches(batch)
-        logs = {f"critic_{k}": v for k, v in backward_micro(self.engine, self.critic_loss, micro).items()}
-        logs["td_error"] = logs.pop("critic_td_error")  # (B,) numpy: the trainer's new PER priorities
-        logs["critic_grad_norm"] = float(self.engine.step(self.critic_opt)["grad_norm"])
+        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
+        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()  # (B,): new PER priorities
+        logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
         self.n_updates += 1
         if self.n_updates % self.config.policy_delay == 0:  # a Python counter: no device sync
             with frozen(self.critic):
-                actor_logs = {f"actor_{k}": v for k, v in backward_micro(self.engine, self.actor_loss, micro).items()}
-            actor_logs["actor_grad_norm"] = float(self.engine.step(self.actor_opt)["grad_norm"])
+                actor_logs = {f"actor_{k}": v for k, v in self.engine.backward(self.actor_loss, batch).items()}
+            actor_logs["actor_grad_norm"] = self.engine.step(self.actor_opt)["grad_norm"]
             self._actor_logs = actor_logs
             polyak_update(self.critic_target, self.critic, self.critic.config.tau)
             polyak_update(self.actor_target, self.actor, self.critic.config.tau)

@@ -10,19 +10,71 @@ from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
 import json
+import logging
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmrl.config import TrainConfig, merge, to_dict
+from dmrl.algos.bc import BCConfig
+from dmrl.config_utils import merge, to_dict
+from dmrl.policies import ChunkConfig
+from dmrl.policies.diffusion import DiffusionPolicyConfig
+from dmrl.policies.gaussian import GaussianPolicyConfig
+from dmrl.policies.vae import VAEPolicyConfig
+from dmrl.train.config import OfflineConfig, TrainConfig
+from dmrl.train.engine.core import EngineConfig
+
+log = logging.getLogger(__name__)
 
 POLICY_LABELS = {  # (table name, action generation), in the seed write-up's terms
     "gaussian": ("MLP (Gaussian)", "direct output (mean of a Gaussian)"),
     "vae": ("VAE (conditional, ACT-like)", "latent sampling z ~ N(0, I)"),
     "diffusion": ("Diffusion", "iterative denoising (DDIM)"),
 }
+
+
+@dataclass
+class CompareTrainConfig:
+    """What every training run of the comparison shares; dataset, run directory, policy type and learning rate
+    (swept by --lrs) are set per run."""
+
+    steps: int = 3000
+    """Optimizer steps of every run."""
+    batch_size: int = 256
+    """Samples per optimizer step."""
+    seed: int = 0
+    """Seed of initialisation, data order and sampling noise."""
+    weight_decay: float = 1e-6
+    """AdamW weight decay."""
+    warmup_steps: int = 200
+    """Linear learning-rate warm-up, then cosine decay to 0."""
+    ema_decay: float = 0.995
+    """Decay of the exported weights' moving average (warmed up)."""
+    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    diffusion: DiffusionPolicyConfig = field(default_factory=DiffusionPolicyConfig)
+    gaussian: GaussianPolicyConfig = field(default_factory=GaussianPolicyConfig)
+    vae: VAEPolicyConfig = field(default_factory=VAEPolicyConfig)
+    source: OfflineConfig = field(default_factory=OfflineConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def run(self, dataset: Path, out: Path, policy: str, lr: float) -> TrainConfig:
+        """The TrainConfig of one run: behaviour cloning of ``policy`` at learning rate ``lr``."""
+        bc = BCConfig(lr=lr, weight_decay=self.weight_decay, warmup_steps=self.warmup_steps, ema_decay=self.ema_decay)
+        return TrainConfig(
+            dataset=dataset,
+            out=out,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            overwrite=True,
+            chunk=self.chunk,
+            policy=getattr(self, policy),
+            algo=bc,
+            source=self.source,
+            engine=self.engine,
+        )
 
 
 @dataclass
@@ -51,8 +103,8 @@ class CompareConfig:
     """Save a GIF of two evaluation rollouts per policy."""
     parallel: int = 2
     """Trainings run at once (each single-threaded)."""
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(steps=3000))
-    """Template of every training run (dataset, out, policy and lr are set per run)."""
+    train: CompareTrainConfig = field(default_factory=CompareTrainConfig)
+    """Settings of every training run."""
     overwrite: bool = True
     """Reuse --out (its runs are replaced)."""
 
@@ -66,9 +118,9 @@ class CompareConfig:
 
 
 def _train_one(cfg: TrainConfig) -> dict[str, Any]:
-    from dmrl.train.offline import train_bc
+    from dmrl.train.run import train
 
-    return train_bc(cfg, progress=False)
+    return train(cfg, progress=False)
 
 
 def _dataset(cfg: CompareConfig) -> Path:
@@ -77,7 +129,7 @@ def _dataset(cfg: CompareConfig) -> Path:
     from dmrl.data.collect import CollectConfig, collect
 
     path = cfg.out / "dataset.zarr"
-    print(f"compare: collecting {cfg.episodes} expert episodes into {path}", flush=True)
+    log.info("compare: collecting %d expert episodes into %s", cfg.episodes, path)
     collect(
         CollectConfig(out=path, env=cfg.env, episodes=cfg.episodes, obs_modes=("state",), overwrite=True),
         progress=False,
@@ -97,18 +149,8 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
     runs = {}
     for policy in cfg.policies:
         for lr in cfg.lrs:
-            runs[(policy, lr)] = merge(
-                cfg.train,
-                {
-                    "dataset": dataset,
-                    "out": cfg.out / "runs" / f"{policy}_lr{lr:g}",
-                    "policy": policy,
-                    "overwrite": True,
-                    "eval_episodes": 0,
-                    "optim": {"lr": lr},
-                },
-            )
-    print(f"compare: training {len(runs)} runs ({cfg.train.steps} steps each, {cfg.parallel} at a time)", flush=True)
+            runs[(policy, lr)] = cfg.train.run(dataset, cfg.out / "runs" / f"{policy}_lr{lr:g}", policy, lr)
+    log.info("compare: training %d runs (%d steps each, %d at a time)", len(runs), cfg.train.steps, cfg.parallel)
     if cfg.parallel == 1:
         summaries = {key: _train_one(run) for key, run in runs.items()}
     else:
@@ -158,10 +200,9 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
                 **res.summary(),
             }
         )
-        print(
-            f"compare: {policy} lr={best_key[1]:g} success {res.success_rate:.2f} "
-            f"[{res.ci_low:.2f}, {res.ci_high:.2f}]",
-            flush=True,
+        log.info(
+            "compare: %s lr=%g success %.2f [%.2f, %.2f]",
+            *(policy, best_key[1], res.success_rate, res.ci_low, res.ci_high),
         )
     _plot(results, env_id, cfg.out / "paths.png")
     report = {
@@ -267,7 +308,7 @@ def run_demo(cfg: DemoConfig) -> None:
     from dmrl.envs.plotting import save_scene_figure
 
     save_scene_figure(_scene_frames(), cfg.out / "scene.png")
-    print(f"scene: {cfg.out / 'scene.png'}")
+    log.info("scene: %s", cfg.out / "scene.png")
     compare_cfg = merge(CompareConfig(), QUICK) if cfg.quick else CompareConfig()
     run_compare(dataclasses.replace(compare_cfg, out=cfg.out))
 

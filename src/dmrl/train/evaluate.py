@@ -11,7 +11,6 @@ import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,9 +18,6 @@ import torch
 from dmrl.envs import env_factory, env_spec, make_env
 from dmrl.policies.base import ChunkPolicy
 from dmrl.train.metrics import smoothness, wilson_interval
-
-if TYPE_CHECKING:
-    from dmrl.config import TrainConfig
 
 
 @dataclass
@@ -197,12 +193,12 @@ def _tip(info: dict, i: int) -> np.ndarray:
 
 
 def curve_point(
-    policy: ChunkPolicy, env_id: str, env_kwargs: dict, cfg: TrainConfig, device: torch.device
+    policy: ChunkPolicy, env_id: str, env_kwargs: dict, seeds: list[int], n_envs: int, device: torch.device
 ) -> dict[str, float]:
-    """One learning-curve point in the middle of training (cfg: the run's settings).
+    """One learning-curve point in the middle of training.
 
-    Runs a CPU copy of ``policy`` (so the training copy keeps its device and train mode) on cfg.curve_episodes
-    seeds from cfg.eval_seed, inside fork_rng: evaluate() reseeds torch, which must not move training's stream.
+    Runs a CPU copy of ``policy`` (so the training copy keeps its device and train mode) on ``seeds`` in ``n_envs``
+    lockstep envs, inside fork_rng: evaluate() reseeds torch, which must not move training's stream.
     On CPU, the training device here, that is the cheapest place; on an accelerator it costs a host copy, and under
     DDP the other ranks wait for rank 0 in their next all-reduce (keep curve_episodes small there).
     """
@@ -211,9 +207,8 @@ def curve_point(
     snapshot = copy.deepcopy(policy).cpu()
     for m in snapshot.modules():  # Module.compile's wrapper still calls the original module: drop it from the copy
         m.__dict__.pop("_compiled_call_impl", None)
-    seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.curve_episodes))
     with fork_rng(device):
-        r = evaluate(snapshot, env_id, seeds, env_kwargs, n_envs=cfg.eval_envs)
+        r = evaluate(snapshot, env_id, seeds, env_kwargs, n_envs=n_envs)
     return {
         "curve_success": r.success_rate,
         "curve_ci_low": r.ci_low,

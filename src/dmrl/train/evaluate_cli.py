@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from dmrl.envs import env_spec
 from dmrl.types import OBS_MODES
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -110,5 +113,5 @@ def run_eval(cfg: EvalConfig) -> dict:
     if gif:
         save_rollout_gif(policy, env_id, out / "rollouts.gif", seeds[: cfg.gif_episodes], env_kwargs, drop=drop)
     print(json.dumps(summary, indent=2))
-    print(f"wrote {out}/eval.json" + (", paths.png" if task is not None else "") + (", rollouts.gif" if gif else ""))
+    log.info("wrote %s/eval.json%s%s", out, ", paths.png" if task is not None else "", ", rollouts.gif" if gif else "")
     return summary

@@ -1,7 +1,6 @@
-"""Online actor-critic training (Diffusion-QL, TD3+BC) with asynchronous collectors (Ape-X, Horgan et al. 2018):
-collector processes fill a shared replay ring with chunk transitions, the trainer samples it (PER) and updates.
+"""The online data source of actor-critic training (Ape-X, Horgan et al. 2018): collector processes fill a shared
+replay ring with chunk transitions of the newest published actor; the training loop samples it (PER) and updates.
 
-The run directory is the offline one (config.json, metrics.jsonl, tb/, state/, checkpoint/ with the actor alone).
 --dataset supplies the normaliser statistics and shapes (and --init the starting weights). Ctrl-C / SIGTERM: the
 stop event ends every child, the state so far is saved, and the run can --resume (the replay ring starts empty).
 """
@@ -9,26 +8,21 @@ stop event ends every child, the state so far is saved, and the run can --resume
 from __future__ import annotations
 
 import dataclasses
-import json
+import logging
 import multiprocessing as mp
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from dmrl.algos import ALGOS
-from dmrl.config import TrainConfig
 from dmrl.data import ChunkTransitionDataset, EpisodeStore
 from dmrl.data.replay import ReplayBuffer
-from dmrl.train.checkpoint import save_policy
-from dmrl.train.engine import Engine, shutdown_distributed
-from dmrl.train.logging import RunLog
-from dmrl.train.offline import _prepare_out, env_kwargs_from_store
-from dmrl.train.offline_rl import build_algo, restore_algo_state, save_algo_state
+from dmrl.train.config import OnlineConfig, TrainConfig
+from dmrl.train.engine import Engine
+from dmrl.train.offline import env_kwargs_from_store
 from dmrl.train.online_workers import (
     WeightBoard,
     collector_main,
@@ -38,6 +32,8 @@ from dmrl.train.online_workers import (
     prefill_replay,
     transition_spec,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -68,7 +64,7 @@ class Collectors:
             if not p.is_alive():
                 self.restarts += 1
                 seed = 1000 * self.restarts + i
-                print(f"online: collector {i} (pid {p.pid}) died with exit code {p.exitcode}; restarting", flush=True)
+                log.warning("online: collector %d (pid %s) died with exit code %s; restarting", i, p.pid, p.exitcode)
                 self.procs[i] = self._start(i, seed)
                 events.append({"collector_restart": i, "exitcode": p.exitcode})
         return events
@@ -98,136 +94,148 @@ def close_queues(*queues: Any) -> None:
         q.close()
 
 
-def train_online(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict:
-    """Train ``cfg.algo`` online for cfg.steps updates; ``hook(info)`` (tests) gets update, collector_pids,
-    replay, successes (the self-imitation ring or None)."""
-    if cfg.algo not in ALGOS:
-        raise ValueError(f"--online: --algo {cfg.algo!r} is not an actor-critic algorithm ({', '.join(ALGOS)})")
-    if not Path(cfg.dataset).exists():
-        raise FileNotFoundError(
-            f"--online needs --dataset (an episode store for the normaliser); {cfg.dataset} missing"
-        )
-    store = EpisodeStore.open(cfg.dataset)
-    engine = Engine(cfg.engine, cfg.seed)
-    try:
-        if engine.dist.enabled:
-            raise ValueError("--online runs in one process: launch it without torchrun")
-        return _train(cfg, store, engine, hook)
-    finally:
-        shutdown_distributed()
+class OnlineSource:
+    """Batches sampled from a replay ring that collector processes fill with the newest actor's chunk transitions.
 
+    Until the ring holds learning_starts items ``next_batch`` returns None (the loop waits). After each update the
+    sampled items get their new |TD| priorities and every publish_every updates the collectors get the actor.
+    """
 
-def _train(cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable[[dict], None] | None) -> dict:
-    oc = cfg.online_rl
-    out = _prepare_out(cfg, engine)
-    algo = build_algo(cfg, store, engine)
-    engine.prepare(algo)
-    start, summary = restore_algo_state(cfg, out, algo, engine, "update")
-    env_id = store.attrs["env_id"]
-    env_kwargs = {**env_kwargs_from_store(store), "obs_modes": tuple(cfg.chunk.obs_keys)}
-    if oc.max_episode_steps:
-        env_kwargs["max_steps"] = oc.max_episode_steps
-    ctx = mp.get_context("spawn")
-    actor_cpu = _cpu_copy(algo.policy)
-    buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
-    # Self-imitation (bc_data "successes"): a uniform ring of successful episodes feeds the actor's BC term.
-    good = None
-    if oc.bc_data == "successes":
-        good = ReplayBuffer(transition_spec(actor_cpu), dataclasses.replace(oc.replay, prioritized=False), shared=True)
-    if oc.prefill_from_dataset:
-        c = cfg.chunk
-        demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
-        print(f"online: replay prefilled with {prefill_replay(buf, demos)} chunk transitions of {cfg.dataset}")
-        if good is not None:
-            won = np.flatnonzero(store.success)
-            wins = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps, episodes=won)
-            print(f"online: {prefill_replay(good, wins)} of them from its {len(won)} successful episodes to imitate")
-    board, stop, env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
-    args = lambda i, seed: (  # noqa: E731
-        i, actor_cpu, env_id, env_kwargs, board.handle(), buf.handle(), env_steps, stop,
-        oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed, good.handle() if good else None,
-    )  # fmt: skip
-    inbox, outbox, evaluator = ctx.Queue(), ctx.Queue(), None
-    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
-    log = RunLog(out, start)
-    collectors: Collectors | None = None
-    step, rng = start, np.random.default_rng(cfg.seed + start)
-    snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
+    log_every = 10
 
-    def save(at: int) -> None:
-        save_algo_state(cfg, out, at, algo, engine, summary)
+    def __init__(self, cfg: TrainConfig, store: EpisodeStore, engine: Engine, hook: Callable[[dict], None] | None):
+        self.cfg, self.store, self.engine, self.hook = cfg, store, engine, hook
+        self.oc: OnlineConfig = cfg.source
+        self.env_id = store.attrs["env_id"]
+        self.env_kwargs = {**env_kwargs_from_store(store), "obs_modes": tuple(cfg.chunk.obs_keys)}
+        if self.oc.max_episode_steps:
+            self.env_kwargs["max_steps"] = self.oc.max_episode_steps
+        self.ctx = mp.get_context("spawn")
+        self.collectors: Collectors | None = None
+        self.evaluator: Any = None
+        self.buf: Any = None
+        self.good: Any = None
+        self.board: Any = None
+        self.inbox: Any = None
+        self.outbox: Any = None
+        self.old_term: Any = None
+        self.snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
+        self.idx: Any = None
+        self.stop: Any = None
+        self.closed = False
 
-    try:
-        collectors = Collectors(ctx, args, oc.n_collectors)
+    def start(self, algo: Any, start_step: int) -> None:
+        """Replay rings (prefilled from --dataset if asked), weight board, collectors and evaluator processes."""
+        cfg, oc, store = self.cfg, self.oc, self.store
+        self.rng = np.random.default_rng(cfg.seed + start_step)
+        actor_cpu = _cpu_copy(algo.policy)
+        self.buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
+        # Self-imitation (bc_data "successes"): a uniform ring of successful episodes feeds the actor's BC term.
+        if oc.bc_data == "successes":
+            uniform = dataclasses.replace(oc.replay, prioritized=False)
+            self.good = ReplayBuffer(transition_spec(actor_cpu), uniform, shared=True)
+        if oc.prefill_from_dataset:
+            c = cfg.chunk
+            demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
+            log.info("online: replay prefilled with %d chunk transitions of %s", prefill_replay(self.buf, demos),
+                     cfg.dataset)  # fmt: skip
+            if self.good is not None:
+                won = np.flatnonzero(store.success)
+                wins = ChunkTransitionDataset(
+                    store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps, episodes=won
+                )
+                log.info("online: %d of them from its %d successful episodes to imitate",
+                         prefill_replay(self.good, wins), len(won))  # fmt: skip
+        ctx = self.ctx
+        self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
+        good = self.good
+        args = lambda i, seed: (  # noqa: E731
+            i, actor_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
+            self.stop, oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
+            good.handle() if good else None,
+        )  # fmt: skip
+        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
+        self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+        self.collectors = Collectors(ctx, args, oc.n_collectors)
         if oc.eval_every:
             seeds = list(range(cfg.eval_seed, cfg.eval_seed + oc.eval_episodes))
-            evaluator = ctx.Process(
-                target=evaluator_main, args=(actor_cpu, env_id, env_kwargs, seeds, inbox, outbox, stop), daemon=True
+            self.evaluator = ctx.Process(
+                target=evaluator_main,
+                args=(actor_cpu, self.env_id, self.env_kwargs, seeds, self.inbox, self.outbox, self.stop),
+                daemon=True,
             )
-            evaluator.start()
-        t0 = time.perf_counter()
-        while step < cfg.steps and not (oc.env_steps and env_steps.value >= oc.env_steps):
-            for ev in collectors.restart_dead():
-                log.write({"step": step, **ev})
-            if hook is not None:
-                hook({"update": step, "collector_pids": collectors.pids, "replay": buf, "successes": good})
-            buf.sync()
-            if len(buf) < oc.learning_starts:
-                time.sleep(0.05)
-                continue
-            progress = step / cfg.steps
-            idx, flat, weights = buf.sample(cfg.batch_size, rng, progress=min(1.0, progress))
-            batch = engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
-            batch["progress"] = progress
-            if good is not None:  # the BC term's own batch of successful episodes (None until the first)
-                good.sync()
-                bc = nest(good.sample(cfg.batch_size, rng)[1]) if len(good) else None
-                batch["bc"] = engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
-            logs = algo.update(batch)
-            td_error = logs.pop("td_error")  # (B,) |TD| per sampled slot from the critic step: its new priority
-            buf.update_priorities(idx, td_error)
-            logs["td_error"] = float(td_error.mean())
-            step += 1
-            if step % oc.publish_every == 0:
-                board.publish(_cpu_copy(algo.policy))
-            if oc.eval_every and step % oc.eval_every == 0:
-                inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
-                snapshot_env_steps[step] = env_steps.value
-            while not outbox.empty():
-                rec = outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
-                log.write({"step": step, "eval_env_steps": snapshot_env_steps.pop(rec["update"], None), **rec})
-            if step % 10 == 0 or step == cfg.steps:
-                dt = time.perf_counter() - t0
-                rec = {"step": step, **logs, "env_steps": env_steps.value, "replay_size": len(buf),
-                       "updates_per_s": (step - start) / dt, "env_steps_per_s": env_steps.value / dt,
-                       **({"successes_size": len(good)} if good is not None else {})}  # fmt: skip
-                log.write(rec)
-                summary = rec
-            if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
-                save(step)
-    except KeyboardInterrupt:
-        stop_children([*(collectors.procs if collectors else []), *([evaluator] if evaluator else [])], stop)
-        if step > start:
-            save(step)
-        raise
-    finally:
-        stop_children([*(collectors.procs if collectors else []), *([evaluator] if evaluator else [])], stop)
-        close_queues(inbox, outbox)
-        signal.signal(signal.SIGTERM, old_term)
-        log.close()
-        board.close()
-        for ring in (buf, good):
+            self.evaluator.start()
+
+    def exhausted(self) -> bool:
+        return bool(self.oc.env_steps and self.env_steps.value >= self.oc.env_steps)
+
+    def events(self, step: int) -> list[dict]:
+        """Collector restarts, and evaluations that finished (with the env steps collected at their snapshot)."""
+        records = self.collectors.restart_dead()
+        while not self.outbox.empty():
+            rec = self.outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
+            records.append({"eval_env_steps": self.snapshot_env_steps.pop(rec["update"], None), **rec})
+        if self.hook is not None:
+            self.hook({"update": step, "collector_pids": self.collectors.pids, "replay": self.buf,
+                       "successes": self.good})  # fmt: skip
+        return records
+
+    def next_batch(self, step: int) -> dict | None:
+        self.buf.sync()
+        if len(self.buf) < self.oc.learning_starts:
+            time.sleep(0.05)
+            return None
+        progress = step / self.cfg.steps
+        self.idx, flat, weights = self.buf.sample(self.cfg.batch_size, self.rng, progress=min(1.0, progress))
+        batch = self.engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
+        batch["progress"] = progress
+        if self.good is not None:  # the BC term's own batch of successful episodes (None until the first)
+            self.good.sync()
+            bc = nest(self.good.sample(self.cfg.batch_size, self.rng)[1]) if len(self.good) else None
+            batch["bc"] = self.engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
+        return batch
+
+    def after_update(self, step: int, logs: dict, algo: Any) -> None:
+        """New priorities (|TD| per sampled slot), the actor published to collectors and evaluator."""
+        self.buf.update_priorities(self.idx, logs["td_error"])
+        if step % self.oc.publish_every == 0:
+            self.board.publish(_cpu_copy(algo.policy))
+        if self.oc.eval_every and step % self.oc.eval_every == 0:
+            self.inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
+            self.snapshot_env_steps[step] = self.env_steps.value
+
+    def rates(self, steps: int, seconds: float) -> dict[str, float]:
+        return {"env_steps": self.env_steps.value, "replay_size": len(self.buf), "updates_per_s": steps / seconds,
+                "env_steps_per_s": self.env_steps.value / seconds,
+                **({"successes_size": len(self.good)} if self.good is not None else {})}  # fmt: skip
+
+    def validation(self, step: int, algo: Any) -> dict[str, float]:
+        return {}
+
+    def curve(self, step: int, algo: Any) -> None:
+        return None
+
+    def meta(self) -> dict[str, Any]:
+        restarts = self.collectors.restarts if self.collectors is not None else 0
+        return {"online": True, "env_steps": self.env_steps.value, "collector_restarts": restarts}
+
+    def close(self) -> None:
+        """Stop every child, close the queues and free the shared rings (idempotent; safe after a failed start)."""
+        if self.closed:
+            return
+        self.closed = True
+        procs = [*(self.collectors.procs if self.collectors else []), *([self.evaluator] if self.evaluator else [])]
+        if self.stop is not None:
+            stop_children(procs, self.stop)
+        close_queues(*(q for q in (self.inbox, self.outbox) if q is not None))
+        if self.old_term is not None:
+            signal.signal(signal.SIGTERM, self.old_term)
+        if self.board is not None:
+            self.board.close()
+        for ring in (self.buf, self.good):
             if ring is not None:
                 ring.close()
                 ring.unlink()
-    save(step)
-    meta = {"env_id": env_id, "env_kwargs": env_kwargs_from_store(store), "dataset": str(cfg.dataset),
-            "algo": cfg.algo, "online": True, "train_steps": step, "env_steps": env_steps.value,
-            "collector_restarts": collectors.restarts}  # fmt: skip
-    summary = {**summary, **meta}
-    save_policy(out / "checkpoint", algo.policy, meta)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
 
 
 def _cpu_copy(policy: Any) -> Any:

@@ -1,19 +1,19 @@
 """The training engine every trainer uses: device, precision + loss scaling, accumulation, clipping, DDP, compile.
 
-A trainer's step reads::
+An algorithm's step reads::
 
     model = engine.prepare(policy)                      # moved, checkpointing switched, compiled, DDP-wrapped
-    for k, micro in enumerate(micro_batches):           # engine.cfg.accumulate of them
-        losses = engine.forward_backward(model, micro, last=k == engine.cfg.accumulate - 1)
+    logs = engine.backward(model, batch)                # batch split into engine.cfg.accumulate micro-batches
     stats = engine.step(optimizer)                      # unscale, clip, step (or skip on inf/nan), zero grads
 
-so no trainer carries device, precision or distributed code of its own.
+so no algorithm carries device, precision, accumulation or distributed code of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,7 +156,27 @@ class Engine:
         return DDP(model, device_ids=ids, broadcast_buffers=False)
 
     # ------------------------------------------------------------------ one optimizer step
-    def forward_backward(self, module: nn.Module, batch: dict, last: bool = True) -> dict[str, Tensor]:
+    def backward(self, loss_fn: Callable[[dict], dict[str, Tensor]], batch: dict) -> dict[str, Tensor]:
+        """Gradients of one step: ``batch`` (this rank's share of the step, B items) is split into
+        ``cfg.accumulate`` micro-batches, each forwarded under autocast and backwarded (see forward_backward).
+
+        ``loss_fn(micro_batch) -> {"loss": scalar, ...}`` (a prepared module or an algorithm's loss method).
+        Returns its outputs, detached: scalars averaged over the micro-batches (tensors: no device sync), per-item
+        outputs (b,) concatenated in batch order into (B,).
+        """
+        micro = split_batch(batch, self.cfg.accumulate)
+        logs: dict[str, Tensor] = {}
+        per_item: dict[str, list[Tensor]] = {}
+        for k, mb in enumerate(micro):
+            out = self.forward_backward(loss_fn, mb, last=k == len(micro) - 1)
+            for name, v in out.items():
+                if v.ndim == 0:
+                    logs[name] = logs.get(name, 0.0) + v.detach() / len(micro)
+                else:
+                    per_item.setdefault(name, []).append(v.detach())
+        return logs | {name: torch.cat(parts) for name, parts in per_item.items()}
+
+    def forward_backward(self, module: Callable[[dict], dict], batch: dict, last: bool = True) -> dict[str, Tensor]:
         """Loss of one micro-batch under autocast, backward of loss / accumulate (scaled for fp16).
 
         ``last=False`` skips DDP's gradient all-reduce (``no_sync``): only the final micro-batch of a step
@@ -223,3 +243,25 @@ class Engine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+
+def split_batch(batch: dict, n: int) -> list[dict]:
+    """A (nested) batch dict -> n micro-batches: tensors and lists split into n equal parts along dim 0; other
+    values (a float "progress", None) shared by all. Each part is a view: nothing is copied."""
+    if n == 1:
+        return [batch]
+
+    def part(v: Any, i: int, where: str) -> Any:
+        if isinstance(v, dict):
+            return {k: part(x, i, f"{where}.{k}") for k, x in v.items()}
+        if torch.is_tensor(v) or isinstance(v, list):
+            if len(v) % n:
+                raise ValueError(
+                    f"batch key {where!r}: {len(v)} items do not split into --engine.accumulate {n} equal "
+                    "micro-batches; change --batch-size or --engine.accumulate"
+                )
+            m = len(v) // n
+            return v[i * m : (i + 1) * m]
+        return v
+
+    return [{k: part(v, i, k) for k, v in batch.items()} for i in range(n)]

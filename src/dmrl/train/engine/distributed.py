@@ -103,7 +103,7 @@ def scatter_from_main(objs: list[Any] | None, info: DistInfo) -> Any:
 
 
 class GlobalBatchSampler:
-    """Endless index lists: this rank's micro-batches of each global batch, from global step ``start_step``.
+    """Endless index lists: this rank's share of each global batch, one list per step, from ``start_step`` on.
 
     n samples; global_batch = micro-batch size x accumulate x world_size. Epoch e is the permutation drawn
     from seed and e; the incomplete tail of each epoch is dropped (static batch shapes).
@@ -133,7 +133,6 @@ class GlobalBatchSampler:
             if e != epoch:
                 epoch = e
                 perm = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + e))
-            mine = perm[b * self.global_batch + self.info.rank * share :][:share]
-            for k in range(self.accumulate):
-                yield mine[k * self.micro : (k + 1) * self.micro].tolist()
+            # One list per step: the engine splits it into the accumulate micro-batches (Engine.backward).
+            yield perm[b * self.global_batch + self.info.rank * share :][:share].tolist()
             step += 1

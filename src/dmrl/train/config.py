@@ -1,0 +1,198 @@
+"""``dmrl train``'s configuration: the run's own settings plus a policy, an algorithm and a data source, each chosen
+by type (``--policy.type``, ``--algo.type``, ``--source.type``) so help and validation show only what applies."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from dmrl.algos import ALGOS
+from dmrl.config_utils import choice, type_name
+from dmrl.data.replay import ReplayConfig
+from dmrl.policies import POLICIES, ChunkConfig
+from dmrl.train.engine.core import EngineConfig
+
+#: --policy.type name -> its config class; --algo.type likewise.
+POLICY_TYPES: dict[str, type] = {name: cfg_cls for name, (_, cfg_cls) in POLICIES.items()}
+ALGO_TYPES: dict[str, type] = {name: cfg_cls for name, (_, cfg_cls, _) in ALGOS.items()}
+BC_DATA = ("replay", "successes")
+
+
+@dataclasses.dataclass
+class OfflineConfig:
+    """Train on the episode store's windows (behaviour cloning) or chunk transitions (offline RL)."""
+
+    val_fraction: float = 0.05
+    """Fraction of episodes held out for the validation loss."""
+    val_every: int = 1000
+    """Optimizer steps between validation losses (also at the last step)."""
+    num_workers: int = 0
+    """DataLoader worker processes."""
+    cache_images: bool = False
+    """Read the store's rgb/depth arrays into memory once instead of decompressing zarr chunks for every sample
+    (rgb H*W*3 bytes, depth H*W*4 per camera and step)."""
+    curve_every: int = 0
+    """Optimizer steps between learning-curve points (0: none): curve_episodes closed-loop episodes from
+    --eval-seed, logged as curve_success / curve_ci_low / curve_ci_high / curve_collision; training's random
+    streams are left untouched."""
+    curve_episodes: int = 20
+    """Episodes per learning-curve point."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"--source.val-fraction: got {self.val_fraction}; allowed [0, 1)")
+        if self.val_every < 1 or self.num_workers < 0:
+            raise ValueError(
+                f"--source.val-every >= 1 and --source.num-workers >= 0 required; got {self.val_every}, "
+                f"{self.num_workers}"
+            )
+        if self.curve_every < 0 or self.curve_episodes < 1:
+            raise ValueError(
+                f"need --source.curve-every >= 0 and --source.curve-episodes >= 1, got {self.curve_every} and "
+                f"{self.curve_episodes}"
+            )
+
+
+@dataclasses.dataclass
+class OnlineConfig:
+    """Online actor-critic: collector processes fill a replay buffer with the newest actor's chunks (Ape-X);
+    --steps counts updates and --dataset gives the normaliser statistics and shapes."""
+
+    n_collectors: int = 2
+    """Collector processes, each stepping envs_per_collector envs with the newest published actor."""
+    envs_per_collector: int = 1
+    """Envs per collector, stepped one after another (chunk by chunk)."""
+    publish_every: int = 10
+    """Updates between publishing the actor's weights to the collectors."""
+    learning_starts: int = 1000
+    """Chunk transitions in the replay buffer before the first update."""
+    env_steps: int = 0
+    """Stop after this many env steps collected in total (0: no limit; --steps bounds the updates)."""
+    eval_every: int = 0
+    """Updates between evaluations of a frozen actor snapshot in the evaluator process (0: none)."""
+    eval_episodes: int = 4
+    """Episodes per evaluation, seeds eval_seed, eval_seed + 1, ..."""
+    exploration_noise: float = 0.1
+    """Std of Gaussian noise added to the collectors' actions (env units, then clipped to [-1, 1])."""
+    max_episode_steps: int = 0
+    """Env steps per episode in collectors and evaluator (0: the env's default)."""
+    prefill_from_dataset: bool = False
+    """Copy every chunk transition of --dataset into the replay before collecting: the demonstrations stay in the
+    off-policy data (and in the actor's BC term) while online episodes arrive, as in RLPD. They count toward
+    learning_starts; the ring overwrites them only after capacity new items."""
+    bc_data: str = "replay"
+    """What the diffusion-ql actor's BC term imitates. replay: the sampled replay batch, as in Diffusion-QL.
+    successes: a second, uniformly sampled batch of successful episodes only: the dataset's (with
+    prefill_from_dataset) and every online episode that succeeded (self-imitation, Oh et al. 2018), so the actor
+    never clones its own failures; until the first success the actor follows the Q term alone."""
+    replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
+
+    def __post_init__(self) -> None:
+        if self.bc_data not in BC_DATA:
+            raise ValueError(f"--source.bc-data: got {self.bc_data!r}; allowed: {', '.join(BC_DATA)}")
+        if self.n_collectors < 1 or self.envs_per_collector < 1 or self.publish_every < 1:
+            raise ValueError(
+                f"online: need n_collectors, envs_per_collector, publish_every >= 1; got {self.n_collectors}, "
+                f"{self.envs_per_collector}, {self.publish_every}"
+            )
+        if self.learning_starts < 1 or self.env_steps < 0 or self.eval_every < 0 or self.eval_episodes < 1:
+            raise ValueError(
+                f"online: need learning_starts >= 1, env_steps >= 0, eval_every >= 0, eval_episodes >= 1; got "
+                f"{self.learning_starts}, {self.env_steps}, {self.eval_every}, {self.eval_episodes}"
+            )
+        if self.exploration_noise < 0 or self.max_episode_steps < 0:
+            raise ValueError(
+                f"online: need exploration_noise >= 0 and max_episode_steps >= 0; got {self.exploration_noise}, "
+                f"{self.max_episode_steps}"
+            )
+
+
+SOURCE_TYPES: dict[str, type] = {"offline": OfflineConfig, "online": OnlineConfig}
+
+P = TypeVar("P")
+A = TypeVar("A")
+S = TypeVar("S")
+
+
+@dataclasses.dataclass
+class TrainConfig(Generic[P, A, S]):
+    """``dmrl train``: a chunk policy trained by an algorithm on an episode store (offline) or on collected
+    experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type {bc,diffusion-ql,td3-bc}
+    and --source.type {offline,online}; this help lists the chosen types' flags."""
+
+    dataset: Path = Path("data/grasp_expert.zarr")
+    """Episode store written by ``dmrl collect`` (offline RL also reads its rewards and terminations; online RL
+    takes its normaliser statistics and shapes)."""
+    out: Path = Path("runs/bc")
+    """Run directory: config.json, metrics.jsonl, tb/ (TensorBoard), state/ (resumable), checkpoint/ (policy)."""
+    steps: int = 5000
+    """Optimizer steps (online: updates)."""
+    batch_size: int = 256
+    """Samples per optimizer step, in total over accumulated micro-batches and torchrun ranks."""
+    seed: int = 0
+    """Seed of initialisation, data order and sampling noise."""
+    init: Path | None = None
+    """Start the policy from this checkpoint (e.g. a BC run's checkpoint/) instead of random weights; its chunk and
+    policy settings must equal this run's."""
+    eval_episodes: int = 0
+    """Closed-loop evaluation episodes after training (0: none); seeds eval_seed, eval_seed + 1, ..."""
+    eval_seed: int = 100_000
+    """First evaluation seed (far from the dataset's collection seeds)."""
+    eval_envs: int = 8
+    """Environments stepped in lockstep by the evaluation (worker processes)."""
+    overwrite: bool = False
+    """Replace an existing run directory."""
+    resume: bool = False
+    """Continue the run in --out from its newest training state (out/state/); the config must match."""
+    chunk: ChunkConfig = dataclasses.field(default_factory=ChunkConfig)
+    policy: P = choice(POLICY_TYPES, "diffusion")
+    """The policy (--policy.type diffusion | gaussian | vae)."""
+    algo: A = choice(ALGO_TYPES, "bc")
+    """The algorithm (--algo.type bc | diffusion-ql | td3-bc)."""
+    source: S = choice(SOURCE_TYPES, "offline")
+    """Where batches come from (--source.type offline | online)."""
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    """Device, precision, clipping, accumulation, data parallelism, checkpointing, compile, state saving."""
+
+    def __post_init__(self) -> None:
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite exclude each other: resume keeps the run, overwrite deletes it")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
+        needs = ALGOS[self.algo_type][2]
+        if needs is not None and self.policy_type != needs:
+            raise ValueError(
+                f"--algo.type {self.algo_type} trains a {needs} policy; got --policy.type {self.policy_type} "
+                f"(pass --policy.type {needs})"
+            )
+        if self.algo_type != "bc" and self.chunk.aux_state:
+            raise ValueError(f"--chunk.aux-state: an auxiliary state loss is for --algo.type bc, not {self.algo_type}")
+        if self.algo_type != "bc" and self.chunk.pad_after is not None:
+            raise ValueError(
+                f"--chunk.pad-after: for --algo.type bc; RL chunk transitions keep Ta - 1 (got {self.algo_type})"
+            )
+        if self.online and self.algo_type == "bc":
+            raise ValueError("--source.type online trains an actor-critic: pass --algo.type diffusion-ql or td3-bc")
+        if self.online and self.source.bc_data != "replay" and self.algo_type != "diffusion-ql":
+            raise ValueError(f"--source.bc-data {self.source.bc_data} is a diffusion-ql option; got {self.algo_type}")
+
+    @property
+    def policy_type(self) -> str:
+        return type_name(self.policy, POLICY_TYPES)
+
+    @property
+    def algo_type(self) -> str:
+        return type_name(self.algo, ALGO_TYPES)
+
+    @property
+    def online(self) -> bool:
+        return isinstance(self.source, OnlineConfig)
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted key: value}."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
