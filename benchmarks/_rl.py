@@ -12,7 +12,8 @@ import json
 import multiprocessing as mp
 from pathlib import Path
 
-from dmrl.config import TrainConfig, load_yaml, merge
+from dmrl.config_utils import load_yaml, merge
+from dmrl.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,32 +60,29 @@ def template(config: Path, **overrides) -> TrainConfig:
 
 def train_one(cfg: TrainConfig) -> dict:
     """One offline run (bc or an offline-RL algorithm) -> its summary (with "eval" when eval_episodes > 0)."""
-    if cfg.algo == "bc":
-        from dmrl.train.offline import train_bc
+    from dmrl.train.run import train
 
-        return train_bc(cfg, progress=False)
-    from dmrl.train.offline_rl import train_offline_rl
-
-    return train_offline_rl(cfg, progress=False)
+    return train(cfg, progress=False)
 
 
 def finished(cfg: TrainConfig, need_eval: bool = True) -> dict | None:
     """The summary of a finished run at cfg.out trained with exactly these settings (an evaluation included unless
     ``need_eval`` is False: online runs are evaluated apart), else None: benchmarks sharing a run (rl_truncation's
     k = S is rl_offline's diffusion-ql; rl_per's and rl_finetune's bc_rl) train it once."""
-    from dmrl.config import to_dict
-    from dmrl.train.offline import _flat, saved_settings
+    from dmrl.config_utils import to_dict
+    from dmrl.train.config import flat
+    from dmrl.train.run import saved_settings
 
     summary, saved = cfg.out / "summary.json", cfg.out / "config.json"
     if not (summary.is_file() and saved.is_file()):
         return None
     now = json.loads(json.dumps(to_dict(cfg), default=str))
-    a, b = saved_settings(saved), _flat(now)
-    for flat in (a, b):  # --overwrite and --out say how and where a run was started, not what it trained
-        flat.pop("overwrite", None)
-        flat.pop("out", None)
-        if flat.get("dataset"):  # one store however its path was spelled (relative to the working directory)
-            flat["dataset"] = str(Path(flat["dataset"]).resolve())
+    a, b = saved_settings(saved), flat(now)
+    for settings in (a, b):  # --overwrite and --out say how and where a run was started, not what it trained
+        settings.pop("overwrite", None)
+        settings.pop("out", None)
+        if settings.get("dataset"):  # one store however its path was spelled (relative to the working directory)
+            settings["dataset"] = str(Path(settings["dataset"]).resolve())
     out = json.loads(summary.read_text())
     return out if a == b and ("eval" in out or not need_eval) else None
 

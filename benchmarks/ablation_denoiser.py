@@ -21,7 +21,10 @@ import numpy as np
 import torch
 
 from _common import machine, parse_args, write_results
-from dmrl.config import TrainConfig, load_yaml, merge
+from dmrl.algos.bc import BCConfig
+from dmrl.config_utils import from_dict, load_yaml, merge
+from dmrl.train.compare import CompareTrainConfig
+from dmrl.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DENOISERS = {
@@ -32,13 +35,21 @@ DENOISERS = {
 
 
 def _run(cfg: TrainConfig) -> dict:
-    from dmrl.train.offline import train_bc
+    from dmrl.train.run import train
 
-    return train_bc(cfg, progress=False)
+    return train(cfg, progress=False)
+
+
+def _template(preset: dict, dataset: Path, out: Path) -> tuple[TrainConfig, float]:
+    """(TrainConfig, lr): the comparison preset's shared training settings (its ``train`` block) as one BC run of its
+    diffusion policy at the last of its ``lrs``; steps, when the block gives none, TrainConfig's default."""
+    lr = float(preset.get("lrs", [BCConfig().lr])[-1])
+    train = from_dict(CompareTrainConfig, {"steps": TrainConfig().steps, **preset.get("train", {})})
+    return train.run(dataset, out, "diffusion", lr), lr
 
 
 def _chunk_ms(run_dir: Path) -> tuple[float, int]:
-    from dmrl.train.checkpoint import load_policy
+    from dmrl.policies.checkpoint import load_policy
 
     torch.set_num_threads(1)
     policy, _ = load_policy(run_dir / "checkpoint")
@@ -73,22 +84,17 @@ class Args:
 def main() -> None:
     args = parse_args(Args, __doc__)
     preset = load_yaml(args.config)
-    template = merge(TrainConfig(), preset.get("train", {}))
-    lr = float(preset.get("lrs", [template.optim.lr])[-1])
+    template, lr = _template(preset, args.dataset, args.out)
     runs = {
         name: merge(
             template,
             {
-                "dataset": args.dataset,
                 "out": args.out / name,
-                "policy": "diffusion",
                 "steps": args.steps,
                 "batch_size": args.batch_size,
-                "overwrite": True,
                 "eval_episodes": args.episodes,
                 "eval_envs": 1,
-                "optim": {"lr": lr},
-                "diffusion": {"denoiser": name, "denoiser_kwargs": DENOISERS[name]},
+                "policy": {"denoiser": name, "denoiser_kwargs": DENOISERS[name]},
             },
         )
         for name in args.denoisers
@@ -122,7 +128,7 @@ def main() -> None:
         "lr": lr,
         "steps": args.steps,
         "batch_size": args.batch_size,
-        "prediction_type": template.diffusion.prediction_type,
+        "prediction_type": template.policy.prediction_type,
         "note": "two trainings at a time on 2 cores, one thread each; latency at batch 1, one thread, DDIM-10",
     }
     write_results("ablation_denoiser", rows, meta, list(rows[0]))

@@ -16,15 +16,17 @@ from pathlib import Path
 import numpy as np
 
 from _common import machine, parse_args, write_results
-from dmrl.config import TrainConfig, load_yaml, merge
+from ablation_denoiser import _template
+from dmrl.config_utils import load_yaml, merge
+from dmrl.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(cfg: TrainConfig) -> dict:
-    from dmrl.train.offline import train_bc
+    from dmrl.train.run import train
 
-    return train_bc(cfg, progress=False)
+    return train(cfg, progress=False)
 
 
 @dataclass
@@ -47,23 +49,18 @@ class Args:
 
 def main() -> None:
     args = parse_args(Args, __doc__)
-    template = merge(TrainConfig(), load_yaml(args.config).get("train", {}))
+    template, lr = _template(load_yaml(args.config), args.dataset, args.out)
     if args.steps is not None:
         template = merge(template, {"steps": args.steps})
-    lr = float(load_yaml(args.config).get("lrs", [template.optim.lr])[-1])
     runs = {
         (t, s): merge(
             template,
             {
-                "dataset": args.dataset,
                 "out": args.out / f"{t}_seed{s}",
-                "policy": "diffusion",
                 "seed": s,
-                "overwrite": True,
                 "eval_episodes": args.episodes,
                 "eval_envs": 1,
-                "optim": {"lr": lr},
-                "diffusion": {"prediction_type": t},
+                "policy": {"prediction_type": t},
             },
         )
         for t in args.types

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _common import RESULTS, machine, parse_args
-from dmrl.config import load_yaml, merge
+from dmrl.config_utils import load_yaml, merge
 from dmrl.train.compare import CompareConfig, run_compare
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -210,7 +210,7 @@ def _synthetic_store(path: Path, episodes: int = 40, length: int = 60) -> None:
 
 
 def _train_samples_per_s(store: Path, out: Path, ranks: int, extra: list[str]) -> float:
-    args = ["train", "--dataset", str(store), "--out", str(out), "--overwrite", "--val-fraction", "0",
+    args = ["train", "--dataset", str(store), "--out", str(out), "--overwrite", "--source.val-fraction", "0",
             "--steps", "150", "--batch-size", "256", "--engine.device", "cpu", *extra]  # fmt: skip
     pre = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "dmrl"]
     cmd = pre + args if ranks > 1 else [sys.executable, "-m", "dmrl", *args]

@@ -21,8 +21,8 @@ from dmrl.export import OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
 from dmrl.policies import build_policy
 from dmrl.policies.base import ChunkConfig
+from dmrl.policies.checkpoint import load_policy
 from dmrl.policies.diffusion import DiffusionPolicyConfig
-from dmrl.train.checkpoint import load_policy
 
 STATE_DIM, ACTION_DIM = 31, 6  # MultiPathGrasp-v0, 3 cups
 CASES = [  # (name, denoiser, kwargs, DDIM steps)

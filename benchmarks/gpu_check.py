@@ -71,7 +71,7 @@ def check_ddp() -> list[dict]:
                                  "-m", "dmrl"]),
         ]:  # fmt: skip
             out = Path(tmp) / label.replace(" ", "_")
-            args = ["train", "--dataset", str(store), "--out", str(out), "--val-fraction", "0", "--steps", "200",
+            args = ["train", "--dataset", str(store), "--out", str(out), "--source.val-fraction", "0", "--steps", "200",
                     "--engine.device", "cuda", "--engine.precision", "fp32"]  # fmt: skip
             subprocess.run(pre + args, check=True, capture_output=True, text=True)
             res[label] = json.loads((out / "summary.json").read_text())

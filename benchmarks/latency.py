@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from _common import machine, parse_args, write_results
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
 from dmrl.train.evaluate import measure_latency
 
 

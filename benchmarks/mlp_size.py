@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import machine, parse_args, write_results
-from ablation_denoiser import _chunk_ms, _run
-from dmrl.config import TrainConfig, load_yaml, merge
+from ablation_denoiser import _chunk_ms, _run, _template
+from dmrl.config_utils import load_yaml, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,22 +40,17 @@ class Args:
 def main() -> None:
     args = parse_args(Args, __doc__)
     preset = load_yaml(args.config)
-    template = merge(TrainConfig(), preset.get("train", {}))
-    lr = float(preset.get("lrs", [template.optim.lr])[-1])
+    template, lr = _template(preset, args.dataset, args.out)
     runs = {}
     for size in args.sizes:
         hidden, blocks = (int(v) for v in size.split("x"))
         runs[size] = merge(
             template,
             {
-                "dataset": args.dataset,
                 "out": args.out / size,
-                "policy": "diffusion",
-                "overwrite": True,
                 "eval_episodes": args.episodes,
                 "eval_envs": 1,
-                "optim": {"lr": lr},
-                "diffusion": {"denoiser": "mlp", "denoiser_kwargs": {"hidden_dim": hidden, "n_blocks": blocks}},
+                "policy": {"denoiser": "mlp", "denoiser_kwargs": {"hidden_dim": hidden, "n_blocks": blocks}},
             },
         )
     with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:
@@ -86,7 +81,7 @@ def main() -> None:
         "lr": lr,
         "steps": template.steps,
         "batch_size": template.batch_size,
-        "prediction_type": template.diffusion.prediction_type,
+        "prediction_type": template.policy.prediction_type,
     }
     write_results("mlp_size", rows, meta, list(rows[0]))
 

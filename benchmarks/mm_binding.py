@@ -23,8 +23,8 @@ import torch
 from _common import parse_args
 from dmrl.envs import make_env
 from dmrl.policies.base import ChunkPolicy
+from dmrl.policies.checkpoint import load_policy
 from dmrl.policies.observations import roll_history, step_tensors
-from dmrl.train.checkpoint import load_policy
 from dmrl.train.metrics import wilson_interval
 
 TARGET_XYZ = [7, 8, 9]  # MultiPath state entries of the named cup's centre (see MultiPathEnv._state_vector)

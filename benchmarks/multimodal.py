@@ -37,7 +37,8 @@ from typing import Literal
 
 from _common import RESULTS, machine, parse_args, write_results
 from _rl import finished, template
-from dmrl.config import TrainConfig, merge
+from dmrl.config_utils import merge
+from dmrl.train.config import TrainConfig
 from mm_binding import TARGET_XYZ, binding
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ Mode = Literal[MODES]  # --drop choices
 SMOKE = {
     "steps": 4,
     "batch_size": 8,
-    "cache_images": False,
+    "source": {"cache_images": False},
     "chunk": {
         "multimodal": {
             "dim": 32,
@@ -130,13 +131,13 @@ def arm_config(args: Args, arm: str) -> TrainConfig:
         cfg = merge(cfg, {"steps": args.steps})
     if args.smoke:
         cfg = merge(cfg, SMOKE)
-        if cfg.policy == "diffusion":
-            cfg = merge(cfg, {"diffusion": {"denoiser_kwargs": {"hidden_dim": 32, "n_blocks": 1}}})
+        if cfg.policy_type == "diffusion":
+            cfg = merge(cfg, {"policy": {"denoiser_kwargs": {"hidden_dim": 32, "n_blocks": 1}}})
     return merge(cfg, {"dataset": args.dataset, "out": args.out / (f"smoke_{arm}" if args.smoke else arm)})
 
 
 def evaluate_arm(args: Args, arm: str, cfg: TrainConfig, summary: dict, n_recovery: int) -> list[dict]:
-    from dmrl.train.checkpoint import load_policy
+    from dmrl.policies.checkpoint import load_policy
     from dmrl.train.evaluate import evaluate, set_action_steps
 
     policy, meta = load_policy(cfg.out / "checkpoint")
@@ -247,7 +248,7 @@ def main() -> None:
     if not args.config.is_file():
         sys.exit(f"--config: no file {args.config}; pass a preset YAML such as configs/grasp_multimodal_cpu.yaml")
 
-    from dmrl.train.offline import train_bc
+    from dmrl.train.run import train
 
     if args.smoke and args.dataset == DATASET:  # never the real dataset: its size is checked against the flags
         args.dataset = args.out / "smoke_dataset.zarr"
@@ -266,7 +267,7 @@ def main() -> None:
         summary = finished(cfg, need_eval=False)
         if summary is None:
             cfg.overwrite = True
-            summary = train_bc(cfg)
+            summary = train(cfg)
         else:
             print(f"reusing the finished run {cfg.out}")
         rows += evaluate_arm(args, arm, cfg, summary, n_recovery)

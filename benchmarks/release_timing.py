@@ -23,7 +23,7 @@ import torch
 
 from _common import machine, parse_args, write_results
 from dmrl.data import EpisodeStore
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
 
 SUCTION = 5  # MultiPath action index: suction > 0 on, <= 0 off
 

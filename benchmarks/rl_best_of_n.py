@@ -2,7 +2,7 @@
 run when its actor samples N chunks per decision and the critic's min-ensemble Q picks one, for several N.
 
 Run: ``python benchmarks/rl_best_of_n.py --runs outputs/rl_offline/diffusion-ql_seed0 [...] --n 1 4 16``.
-Each run directory is a finished ``dmrl train --algo diffusion-ql`` run: its config.json rebuilds the algorithm
+Each run directory is a finished ``dmrl train --algo.type diffusion-ql`` run: its config.json rebuilds the algorithm
 and its newest state/ restores actor, EMA actor and critics (the exported checkpoint holds the actor alone).
 Writes benchmarks/results/rl_best_of_n.json and .md (or --name), one row per (run, N).
 """
@@ -16,22 +16,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import machine, parse_args, write_results
-from dmrl.config import TrainConfig, from_dict
+from dmrl.config_utils import from_dict
 from dmrl.data import EpisodeStore
+from dmrl.train.config import TrainConfig
 from dmrl.train.engine import Engine, EngineConfig, load_latest_state
 from dmrl.train.evaluate import evaluate
 from dmrl.train.offline import env_kwargs_from_store
-from dmrl.train.offline_rl import build_algo
+from dmrl.train.run import build_algo
 
 
 def load_run(run: Path):
     """(algo with the run's newest state, its TrainConfig, its store) for a finished actor-critic run directory."""
     cfg_file = run / "config.json"
     if not cfg_file.is_file():
-        raise FileNotFoundError(f"--runs {run}: no config.json (pass the directory of a dmrl train --algo run)")
+        raise FileNotFoundError(f"--runs {run}: no config.json (pass a dmrl train --algo.type diffusion-ql run)")
     cfg = from_dict(TrainConfig, {**json.loads(cfg_file.read_text()), "init": None})  # weights come from state/
-    if cfg.algo != "diffusion-ql":
-        raise ValueError(f"--runs {run}: algo {cfg.algo!r}; best-of-N ranks a diffusion-ql actor's samples")
+    if cfg.algo_type != "diffusion-ql":
+        raise ValueError(f"--runs {run}: algo {cfg.algo_type!r}; best-of-N ranks a diffusion-ql actor's samples")
     store = EpisodeStore.open(cfg.dataset)
     engine = Engine(EngineConfig(device="cpu", precision="fp32"), cfg.seed)
     algo = build_algo(cfg, store, engine)
@@ -70,7 +71,7 @@ def main() -> None:
             algo.config.n_action_samples = n
             ev = evaluate(algo.evaluation_policy().cpu(), store.attrs["env_id"], seeds, env_kwargs_from_store(store),
                           n_envs=args.envs).summary()  # fmt: skip
-            row = {"run": str(run), "eta": cfg.diffusion_ql.eta, "n_samples": n, "episodes": ev["episodes"],
+            row = {"run": str(run), "eta": cfg.algo.eta, "n_samples": n, "episodes": ev["episodes"],
                    "success_rate": ev["success_rate"], "ci_low": ev["ci_low"], "ci_high": ev["ci_high"],
                    "route_left": ev["route_left"], "route_right": ev["route_right"],
                    "collision_rate": ev["collision_rate"]}  # fmt: skip

@@ -25,7 +25,7 @@ import numpy as np
 
 from _common import machine, parse_args, write_results
 from _rl import ROOT, finished, template, train_one
-from dmrl.train.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 from dmrl.train.metrics import wilson_interval
 
@@ -106,7 +106,7 @@ class Args:
     scratch_eta: float | None = None
     """eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train"""
     bc_data: Literal["replay", "successes"] = "successes"
-    """what the online actor's BC term imitates (online_rl.bc_data)"""
+    """what the online actor's BC term imitates (source.bc_data)"""
     eval_every: int = 250
     """updates between learning-curve points"""
     curve_episodes: int = 20
@@ -147,28 +147,26 @@ def main() -> None:
         # BC is trained for arm (b), or for (c) when no finished BC run of this seed is there to start from.
         from_bc = any(ONLINE[a][0] for a in args.arms if a in ONLINE)
         if "bc" in args.arms or (from_bc and not (bc_out / "checkpoint").exists()):
-            train_one(template(args.config, **base, out=bc_out, algo="bc", policy="diffusion", steps=args.bc_steps))
+            bc = {"type": "bc", "lr": 0.0003}  # the preset's actor lr (BC's default: 1e-3)
+            train_one(template(args.config, **base, out=bc_out, algo=bc, policy="diffusion", steps=args.bc_steps))
         if "bc" in args.arms:
             results["bc"].append({"eval": final_eval(bc_out / "checkpoint", args.episodes, 2), "env_steps": 0})
         for arm, (init, prioritized) in ONLINE.items():
             if arm not in args.arms:
                 continue
-            from dmrl.train.online import train_online
-
-            online = {"n_collectors": 1, "eval_every": args.eval_every, "eval_episodes": args.curve_episodes,
-                      "prefill_from_dataset": init, "learning_starts": 1000, "bc_data": args.bc_data,
-                      "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
+            online = {"type": "online", "n_collectors": 1, "eval_every": args.eval_every,
+                      "eval_episodes": args.curve_episodes, "prefill_from_dataset": init, "learning_starts": 1000,
+                      "bc_data": args.bc_data, "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
             eta = scratch_eta if arm == "scratch" else args.eta
             run = args.out / f"{arm}_eta{eta:g}_{args.bc_data}_seed{seed}"  # settings in the name: runs coexist
-            cfg = template(args.config, **base, out=run, algo="diffusion-ql",
-                           policy="diffusion", steps=args.steps, online=True, online_rl=online,
-                           init=bc_out / "checkpoint" if init else None,
-                           diffusion_ql={"eta": eta})  # fmt: skip
+            cfg = template(args.config, **base, out=run, algo={"type": "diffusion-ql", "eta": eta},
+                           policy="diffusion", steps=args.steps, source=online,
+                           init=bc_out / "checkpoint" if init else None)  # fmt: skip
             # rl_per.md and rl_finetune.md share the bc_rl runs (online.py writes summary.json after the checkpoint)
             summary = finished(cfg, need_eval=False)
             fresh = summary is None
             if fresh:
-                summary = train_online(cfg, progress=False)
+                summary = train_one(cfg)
             curves[arm].append(curve(run))
             cached = run / f"final_eval_{args.episodes}.json"
             if fresh or not cached.is_file():

@@ -23,13 +23,13 @@ from _common import RESULTS, machine, parse_args, write_results
 from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, plot_curves, read_curve, run_all, template
 from dmrl.train.metrics import wilson_interval
 
-ALGOS = {  # name -> (algo, policy, overrides)
-    "bc": ("bc", "diffusion", {}),
-    "diffusion-ql": ("diffusion-ql", "diffusion", {}),
+ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffusion-ql, policy diffusion)
+    "bc": ({"type": "bc", "lr": 0.0003}, "diffusion"),  # the actor lr of diffusion-ql and td3-bc (BC's default: 1e-3)
+    "diffusion-ql": ("diffusion-ql", "diffusion"),
     # Advantage-weighted BC on the same critic, no Q gradient (eta 0): the critic is read only at the dataset's
     # chunks and the actor's own samples (see DiffusionQLConfig.bc_weighting).
-    "diffusion-ql-aw": ("diffusion-ql", "diffusion", {"diffusion_ql": {"eta": 0.0, "bc_weighting": "advantage"}}),
-    "td3-bc": ("td3-bc", "gaussian", {}),
+    "diffusion-ql-aw": ({"type": "diffusion-ql", "eta": 0.0, "bc_weighting": "advantage"}, "diffusion"),
+    "td3-bc": ("td3-bc", "gaussian"),
 }
 Algo = Literal[tuple(ALGOS)]  # --algos choices
 
@@ -95,14 +95,12 @@ def main() -> None:
             args.config,
             dataset=args.dataset,
             out=args.out / f"{name}_seed{s}",
-            algo=ALGOS[name][0],
+            algo={"type": "diffusion-ql", "eta": eta} if name == "diffusion-ql" else ALGOS[name][0],
             policy=ALGOS[name][1],
             seed=s,
             overwrite=True,
-            curve_every=args.curve_every,
-            curve_episodes=args.curve_episodes,
+            source={"curve_every": args.curve_every, "curve_episodes": args.curve_episodes},
             **extra,
-            **({"diffusion_ql": {"eta": eta}} if name == "diffusion-ql" else ALGOS[name][2]),
         )
         for s in args.seeds
         for name in args.algos
@@ -151,13 +149,12 @@ def select_eta(args, extra: dict) -> tuple[list[tuple[float, float]], float]:
             args.config,
             dataset=args.dataset,
             out=args.out / "select" / f"eta{e}",
-            algo="diffusion-ql",
+            algo={"type": "diffusion-ql", "eta": e},
             policy="diffusion",
             seed=0,
             overwrite=True,
             eval_seed=200_000,
             eval_episodes=args.select_episodes,
-            diffusion_ql={"eta": e},
             **extra,
         )
         for e in args.etas

@@ -52,7 +52,7 @@ class Args:
 
 def main() -> None:
     args = parse_args(Args, __doc__)
-    from dmrl.train.online import train_online
+    from dmrl.train.run import train
 
     make_mixed(args.dataset)
     rows = []
@@ -64,13 +64,12 @@ def main() -> None:
             algo=args.algo,
             policy="diffusion" if args.algo == "diffusion-ql" else "gaussian",
             overwrite=True,
-            online=True,
             steps=args.updates,
             eval_episodes=0,
-            online_rl={"n_collectors": n, "learning_starts": 1000},
+            source={"type": "online", "n_collectors": n, "learning_starts": 1000},
         )
         t0 = time.perf_counter()
-        train_online(cfg)
+        train(cfg)
         rows.append(
             {
                 "algo": args.algo,
@@ -85,8 +84,8 @@ def main() -> None:
         "command": "python benchmarks/rl_throughput.py " + " ".join(sys.argv[1:]),
         "config": str(args.config.relative_to(ROOT)),
         "batch_size": cfg.batch_size,
-        "envs_per_collector": cfg.online_rl.envs_per_collector,
-        "publish_every": cfg.online_rl.publish_every,
+        "envs_per_collector": cfg.source.envs_per_collector,
+        "publish_every": cfg.source.publish_every,
         "note": "trainer and collectors share the same 2 cores; each process runs torch with 1 thread",
     }
     write_results("rl_throughput", rows, meta, list(rows[0]))

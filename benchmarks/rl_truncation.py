@@ -80,11 +80,10 @@ def main() -> None:
             args.config,
             dataset=args.dataset,
             out=out,
-            algo="diffusion-ql",
+            algo={"type": "diffusion-ql", "grad_steps_through_chain": k},
             policy="diffusion",
             seed=seed,
             overwrite=True,
-            diffusion_ql={"grad_steps_through_chain": k},
             **{**extra, **more},
         )
 
@@ -94,14 +93,14 @@ def main() -> None:
     # Throughput first, alone on the machine: short runs without evaluation, the rate logged at their end.
     speed = {}
     for k in args.ks:
-        timing = {"steps": args.speed_steps, "eval_episodes": 0, "curve_every": 0}
+        timing = {"steps": args.speed_steps, "eval_episodes": 0, "source": {"curve_every": 0}}
         s = train_one(cfg(k, 0, args.out / f"speed_k{k or 'S'}", **timing))
         speed[k] = s["samples_per_s"]
         print(f"k={k or 'S'}: {speed[k]:.0f} samples/s", flush=True)
-    curve = {"curve_every": args.curve_every, "curve_episodes": args.curve_episodes}
+    curve = {"source": {"curve_every": args.curve_every, "curve_episodes": args.curve_episodes}}
     runs = {(k, s): cfg(k, s, out_dir(k, s), **curve) for k in args.ks for s in args.seeds}
     results = {} if args.speed_only else run_all(runs, args.parallel)
-    S = runs[next(iter(runs))].diffusion.num_inference_steps
+    S = runs[next(iter(runs))].policy.num_inference_steps
     full = speed.get(None)
     rows = []
     for k in args.ks:
