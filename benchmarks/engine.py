@@ -198,13 +198,13 @@ def _synthetic_store(path: Path, episodes: int = 40, length: int = 60) -> None:
                 {"state": obs["state"][-1]},
                 rng.uniform(-1, 1, (length, 6)).astype(np.float32),
                 np.zeros(length, np.float32),
-                True,
-                False,
-                "",
-                "",
-                None,
-                True,
-                s,
+                terminated=True,
+                truncated=False,
+                instruction="",
+                target="",
+                route=None,
+                success=True,
+                seed=s,
             )  # fmt: skip
         )
 
