@@ -54,32 +54,55 @@ def _choose(registry: Mapping[str, type], current: Any, value: Any, where: str) 
 
 def cli_type(cls: type, cfg: Any) -> Any:
     """The type a CLI parser should see for ``cfg`` (an instance of ``cls``): a generic ``cls`` whose type parameters
-    annotate choice fields is specialised to the classes ``cfg`` holds there."""
+    annotate fields (choice fields, or dataclasses that hold one) is specialised to what ``cfg`` holds there."""
     params = getattr(cls, "__parameters__", ())
     if not params:
         return cls
     hints = typing.get_type_hints(cls)
-    by_param = {hints[name]: type(getattr(cfg, name)) for name in choices(cls)}
+    by_param = {
+        hint: cli_type(type(getattr(cfg, name)), getattr(cfg, name))
+        for name, hint in hints.items()
+        if isinstance(hint, TypeVar)
+    }
     return cls[tuple(by_param[p] for p in params)]
 
 
 def pop_type_flags(cfg: T, argv: list[str]) -> tuple[T, list[str]]:
-    """Apply and remove ``--FIELD.type NAME`` / ``--FIELD.type=NAME`` flags of ``cfg``'s choice fields."""
-    rest, overrides = list(argv), {}
-    for name in choices(cfg):
-        flag = f"--{name}.type"
-        for i, a in enumerate(rest):
-            if a == flag:
-                if i + 1 >= len(rest):
-                    raise ValueError(f"{flag} needs a value: {', '.join(choices(cfg)[name])}")
-                overrides[name] = rest[i + 1]
-                del rest[i : i + 2]
-                break
-            if a.startswith(flag + "="):
-                overrides[name] = a.split("=", 1)[1]
-                del rest[i]
-                break
+    """Apply and remove the ``--FIELD.type NAME`` / ``--FIELD.type=NAME`` flags of ``cfg``'s choice fields, nested
+    ones too (``--chunk.encoder.type multimodal``); -> (updated cfg, the other flags)."""
+    rest = list(argv)
+    overrides = _pop_types(cfg, rest, "")
     return (merge(cfg, overrides) if overrides else cfg), rest
+
+
+def _pop_flag(rest: list[str], flag: str) -> str | None:
+    for i, a in enumerate(rest):
+        if a == flag:
+            if i + 1 >= len(rest):
+                raise ValueError(f"{flag} needs a value")
+            value = rest[i + 1]
+            del rest[i : i + 2]
+            return value
+        if a.startswith(flag + "="):
+            del rest[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+def _pop_types(cfg: Any, rest: list[str], prefix: str) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    tagged = choices(cfg)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        key = f"{prefix}{f.name.replace('_', '-')}"
+        if f.name in tagged and (name := _pop_flag(rest, f"--{key}.type")) is not None:
+            value = _choose(tagged[f.name], value, {"type": name}, key)
+            overrides[f.name] = {"type": name}
+        if dataclasses.is_dataclass(value):
+            nested = _pop_types(value, rest, f"{key}.")
+            if nested:
+                overrides[f.name] = {**overrides.get(f.name, {}), **nested}
+    return overrides
 
 
 def to_dict(cfg: Any) -> Any:
