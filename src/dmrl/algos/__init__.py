@@ -12,6 +12,18 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "td3-bc": (TD3BC, TD3BCConfig, "gaussian"),
 }
 
+
+def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str | None = None) -> None:
+    """Make an algorithm available as ``--algo.type NAME``. ``algo_cls.build(policy, config, engine, total_steps)``
+    returns the algorithm (see dmrl.algos.common for what the training loop reads); ``policy_type``: the only policy
+    type it trains, or None for any."""
+    if name in ALGOS:
+        raise ValueError(f"algorithm {name!r} is already registered")
+    if not callable(getattr(algo_cls, "build", None)):
+        raise ValueError(f"register_algo: {algo_cls.__name__} needs a build(policy, config, engine, total_steps)")
+    ALGOS[name] = (algo_cls, config_cls, policy_type)
+
+
 __all__ = [
     "ALGOS",
     "BC",
@@ -25,4 +37,5 @@ __all__ = [
     "TD3BCConfig",
     "chunk_td_target",
     "polyak_update",
+    "register_algo",
 ]

@@ -75,6 +75,8 @@ class BC(nn.Module):
     built on the CPU; the engine moves it, wraps it for data parallelism and splits each batch into micro-batches.
     """
 
+    batches = "windows"  # dmrl.data.SequenceDataset items (see dmrl.algos.common)
+
     def __init__(self, policy: ChunkPolicy, config: BCConfig, engine: Stepper, total_steps: int):
         super().__init__()
         self.config, self.total_steps = config, total_steps
@@ -87,6 +89,11 @@ class BC(nn.Module):
         self.opt = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, warmup_cosine(config.warmup_steps, total_steps))
         self.n_updates = 0
+
+    @classmethod
+    def build(cls, policy: ChunkPolicy, config: BCConfig, engine: Stepper, total_steps: int) -> BC:
+        """The algorithm for a freshly built policy (on the CPU; moved to the engine's device here)."""
+        return cls(policy, config, engine, total_steps)
 
     @property
     def policy(self) -> ChunkPolicy:

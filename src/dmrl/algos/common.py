@@ -14,7 +14,10 @@ engine serves both optimizers without knowing about them.
 
 The trainer (dmrl.train.run) reads: ``update(batch) -> logs`` (floats or 0-d tensors; "td_error" (B,) numpy for
 PER), ``policy`` (exported), ``evaluation_policy()``, ``actor`` (the network whose replicas DDP keeps equal),
-``optimizers`` / ``schedulers`` (name -> object, saved in the training state) and the counter ``n_updates``.
+``optimizers`` / ``schedulers`` (name -> object, saved in the training state), the counter ``n_updates``, and
+the class attribute ``batches``: "windows" (dmrl.data.SequenceDataset items: obs, action, action_mask; behaviour
+cloning) or "transitions" (dmrl.data.ChunkTransitionDataset items, which add next_obs, reward, done, valid,
+next_valid; offline and online RL).
 """
 
 from __future__ import annotations

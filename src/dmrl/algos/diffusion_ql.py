@@ -113,6 +113,8 @@ class DiffusionQL(nn.Module):
     dmrl.train.engine.Engine; build actor and critic on its device (the constructor prepares the algorithm).
     """
 
+    batches = "transitions"  # dmrl.data.ChunkTransitionDataset items, offline or from the online replay
+
     def __init__(
         self,
         actor: DiffusionPolicy,
@@ -142,6 +144,15 @@ class DiffusionQL(nn.Module):
         self.critic_opt = torch.optim.Adam([p for p in critic.parameters() if p.requires_grad], lr=config.critic_lr)
         self.n_updates = 0
         engine.prepare(self)  # every trainable weight of actor and critic is what the engine clips
+
+    @classmethod
+    def build(
+        cls, policy: DiffusionPolicy, config: DiffusionQLConfig, engine: Stepper, total_steps: int
+    ) -> DiffusionQL:
+        """The algorithm for a freshly built actor: a new critic shaped like it, both on the engine's device."""
+        # On the device before the algorithm copies them into targets and hands them to its optimizers.
+        policy.to(engine.device)
+        return cls(policy, ChunkCritic(policy, config.critic).to(engine.device), config, engine)
 
     @property
     def policy(self) -> DiffusionPolicy:

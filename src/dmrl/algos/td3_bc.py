@@ -68,6 +68,8 @@ class TD3BC(nn.Module):
     Batches and ``engine`` as :class:`dmrl.algos.diffusion_ql.DiffusionQL`. The exported policy is the actor.
     """
 
+    batches = "transitions"  # dmrl.data.ChunkTransitionDataset items, offline or from the online replay
+
     def __init__(self, actor: GaussianPolicy, critic: ChunkCritic, config: TD3BCConfig, engine: Stepper):
         super().__init__()
         if not isinstance(actor, GaussianPolicy):
@@ -81,6 +83,12 @@ class TD3BC(nn.Module):
         self.n_updates = 0
         self._actor_logs: dict[str, Any] = {}  # the last actor step's, reported on the steps in between
         engine.prepare(self)  # every trainable weight of actor and critic is what the engine clips
+
+    @classmethod
+    def build(cls, policy: GaussianPolicy, config: TD3BCConfig, engine: Stepper, total_steps: int) -> TD3BC:
+        """The algorithm for a freshly built actor: a new critic shaped like it, both on the engine's device."""
+        policy.to(engine.device)
+        return cls(policy, ChunkCritic(policy, config.critic).to(engine.device), config, engine)
 
     @property
     def policy(self) -> GaussianPolicy:

@@ -13,6 +13,21 @@ POLICIES: dict[str, tuple[type[ChunkPolicy], type]] = {
 }
 
 
+def register_policy(name: str, policy_cls: type[ChunkPolicy], config_cls: type) -> None:
+    """Make a policy class available as ``--policy.type NAME`` (training, checkpoints, evaluation).
+
+    ``policy_cls(chunk, config, obs_dims, action_dim, normalizer, text_encoder)`` subclasses ChunkPolicy with
+    ``name = NAME`` and implements ``loss(batch)`` and ``sample_chunk(cond, cond_mask, grad_steps)``.
+    """
+    if name in POLICIES:
+        raise ValueError(f"policy {name!r} is already registered")
+    if getattr(policy_cls, "name", None) != name:
+        raise ValueError(
+            f"register_policy: {policy_cls.__name__}.name is {getattr(policy_cls, 'name', None)!r}, not {name!r}"
+        )
+    POLICIES[name] = (policy_cls, config_cls)
+
+
 def build_policy(
     name: str, chunk: ChunkConfig, config, obs_dims: dict, action_dim: int, normalizer=None, text_encoder=None
 ):
@@ -37,4 +52,5 @@ __all__ = [
     "VAEPolicy",
     "VAEPolicyConfig",
     "build_policy",
+    "register_policy",
 ]

@@ -4,6 +4,7 @@ by type (``--policy.type``, ``--algo.type``, ``--source.type``) so help and vali
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -13,9 +14,27 @@ from dmrl.data.replay import ReplayConfig
 from dmrl.policies import POLICIES, ChunkConfig
 from dmrl.train.engine.core import EngineConfig
 
+
+class _ConfigClasses(Mapping):
+    """A live view name -> config class of a registry name -> (class, config class, ...): types registered later
+    (register_policy, register_algo) are choices too."""
+
+    def __init__(self, registry: dict[str, tuple]) -> None:
+        self.registry = registry
+
+    def __getitem__(self, name: str) -> type:
+        return self.registry[name][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.registry)
+
+    def __len__(self) -> int:
+        return len(self.registry)
+
+
 #: --policy.type name -> its config class; --algo.type likewise.
-POLICY_TYPES: dict[str, type] = {name: cfg_cls for name, (_, cfg_cls) in POLICIES.items()}
-ALGO_TYPES: dict[str, type] = {name: cfg_cls for name, (_, cfg_cls, _) in ALGOS.items()}
+POLICY_TYPES: Mapping[str, type] = _ConfigClasses(POLICIES)
+ALGO_TYPES: Mapping[str, type] = _ConfigClasses(ALGOS)
 BC_DATA = ("replay", "successes")
 
 
@@ -26,16 +45,13 @@ class OfflineConfig:
     val_fraction: float = 0.05
     """Fraction of episodes held out for the validation loss."""
     val_every: int = 1000
-    """Optimizer steps between validation losses (also at the last step)."""
+    """Steps between validation losses (and at the last step)."""
     num_workers: int = 0
     """DataLoader worker processes."""
     cache_images: bool = False
-    """Read the store's rgb/depth arrays into memory once instead of decompressing zarr chunks for every sample
-    (rgb H*W*3 bytes, depth H*W*4 per camera and step)."""
+    """Hold the store's rgb/depth in memory instead of decompressing zarr chunks per sample."""
     curve_every: int = 0
-    """Optimizer steps between learning-curve points (0: none): curve_episodes closed-loop episodes from
-    --eval-seed, logged as curve_success / curve_ci_low / curve_ci_high / curve_collision; training's random
-    streams are left untouched."""
+    """Steps between learning-curve points (0: none): curve_episodes evaluation episodes, logged as curve_*."""
     curve_episodes: int = 20
     """Episodes per learning-curve point."""
 
@@ -60,32 +76,29 @@ class OnlineConfig:
     --steps counts updates and --dataset gives the normaliser statistics and shapes."""
 
     n_collectors: int = 2
-    """Collector processes, each stepping envs_per_collector envs with the newest published actor."""
+    """Collector processes, each acting with the newest published actor."""
     envs_per_collector: int = 1
-    """Envs per collector, stepped one after another (chunk by chunk)."""
+    """Envs per collector, stepped one after another."""
     publish_every: int = 10
     """Updates between publishing the actor's weights to the collectors."""
     learning_starts: int = 1000
     """Chunk transitions in the replay buffer before the first update."""
     env_steps: int = 0
-    """Stop after this many env steps collected in total (0: no limit; --steps bounds the updates)."""
+    """Stop after this many env steps in total (0: no limit)."""
     eval_every: int = 0
-    """Updates between evaluations of a frozen actor snapshot in the evaluator process (0: none)."""
+    """Updates between evaluations of an actor snapshot (0: none)."""
     eval_episodes: int = 4
-    """Episodes per evaluation, seeds eval_seed, eval_seed + 1, ..."""
+    """Episodes per evaluation, from --eval-seed."""
     exploration_noise: float = 0.1
-    """Std of Gaussian noise added to the collectors' actions (env units, then clipped to [-1, 1])."""
+    """Std of Gaussian noise on the collectors' actions (then clipped to [-1, 1])."""
     max_episode_steps: int = 0
-    """Env steps per episode in collectors and evaluator (0: the env's default)."""
+    """Env steps per episode (0: the env's default)."""
     prefill_from_dataset: bool = False
-    """Copy every chunk transition of --dataset into the replay before collecting: the demonstrations stay in the
-    off-policy data (and in the actor's BC term) while online episodes arrive, as in RLPD. They count toward
-    learning_starts; the ring overwrites them only after capacity new items."""
+    """Copy --dataset's chunk transitions into the replay before collecting (RLPD); they count toward
+    learning_starts."""
     bc_data: str = "replay"
-    """What the diffusion-ql actor's BC term imitates. replay: the sampled replay batch, as in Diffusion-QL.
-    successes: a second, uniformly sampled batch of successful episodes only: the dataset's (with
-    prefill_from_dataset) and every online episode that succeeded (self-imitation, Oh et al. 2018), so the actor
-    never clones its own failures; until the first success the actor follows the Q term alone."""
+    """What diffusion-ql's BC term imitates: replay (the replay batch) or successes (successful episodes only,
+    self-imitation)."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
 
     def __post_init__(self) -> None:
@@ -122,29 +135,27 @@ class TrainConfig(Generic[P, A, S]):
     and --source.type {offline,online}; this help lists the chosen types' flags."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
-    """Episode store written by ``dmrl collect`` (offline RL also reads its rewards and terminations; online RL
-    takes its normaliser statistics and shapes)."""
+    """Episode store written by ``dmrl collect`` (online: its normaliser statistics and shapes)."""
     out: Path = Path("runs/bc")
-    """Run directory: config.json, metrics.jsonl, tb/ (TensorBoard), state/ (resumable), checkpoint/ (policy)."""
+    """Run directory: config.json, metrics.jsonl, tb/, state/ (resumable), checkpoint/ (policy)."""
     steps: int = 5000
     """Optimizer steps (online: updates)."""
     batch_size: int = 256
-    """Samples per optimizer step, in total over accumulated micro-batches and torchrun ranks."""
+    """Samples per optimizer step, summed over micro-batches and ranks."""
     seed: int = 0
     """Seed of initialisation, data order and sampling noise."""
     init: Path | None = None
-    """Start the policy from this checkpoint (e.g. a BC run's checkpoint/) instead of random weights; its chunk and
-    policy settings must equal this run's."""
+    """Start the policy from this checkpoint (e.g. a BC run's checkpoint/); chunk and policy must match."""
     eval_episodes: int = 0
-    """Closed-loop evaluation episodes after training (0: none); seeds eval_seed, eval_seed + 1, ..."""
+    """Evaluation episodes after training (0: none), seeds eval_seed, eval_seed + 1, ..."""
     eval_seed: int = 100_000
     """First evaluation seed (far from the dataset's collection seeds)."""
     eval_envs: int = 8
-    """Environments stepped in lockstep by the evaluation (worker processes)."""
+    """Evaluation environments, stepped in lockstep in worker processes."""
     overwrite: bool = False
     """Replace an existing run directory."""
     resume: bool = False
-    """Continue the run in --out from its newest training state (out/state/); the config must match."""
+    """Continue the run in --out from its newest state; the config must match."""
     chunk: ChunkConfig = dataclasses.field(default_factory=ChunkConfig)
     policy: P = choice(POLICY_TYPES, "diffusion")
     """The policy (--policy.type diffusion | gaussian | vae)."""
@@ -153,7 +164,7 @@ class TrainConfig(Generic[P, A, S]):
     source: S = choice(SOURCE_TYPES, "offline")
     """Where batches come from (--source.type offline | online)."""
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-    """Device, precision, clipping, accumulation, data parallelism, checkpointing, compile, state saving."""
+    """Device, precision, gradient handling and training states."""
 
     def __post_init__(self) -> None:
         if self.resume and self.overwrite:
@@ -166,13 +177,13 @@ class TrainConfig(Generic[P, A, S]):
                 f"--algo.type {self.algo_type} trains a {needs} policy; got --policy.type {self.policy_type} "
                 f"(pass --policy.type {needs})"
             )
-        if self.algo_type != "bc" and self.chunk.aux_state:
+        if self.batches != "windows" and self.chunk.aux_state:
             raise ValueError(f"--chunk.aux-state: an auxiliary state loss is for --algo.type bc, not {self.algo_type}")
-        if self.algo_type != "bc" and self.chunk.pad_after is not None:
+        if self.batches != "windows" and self.chunk.pad_after is not None:
             raise ValueError(
                 f"--chunk.pad-after: for --algo.type bc; RL chunk transitions keep Ta - 1 (got {self.algo_type})"
             )
-        if self.online and self.algo_type == "bc":
+        if self.online and self.batches != "transitions":
             raise ValueError("--source.type online trains an actor-critic: pass --algo.type diffusion-ql or td3-bc")
         if self.online and self.source.bc_data != "replay" and self.algo_type != "diffusion-ql":
             raise ValueError(f"--source.bc-data {self.source.bc_data} is a diffusion-ql option; got {self.algo_type}")
@@ -184,6 +195,11 @@ class TrainConfig(Generic[P, A, S]):
     @property
     def algo_type(self) -> str:
         return type_name(self.algo, ALGO_TYPES)
+
+    @property
+    def batches(self) -> str:
+        """What the algorithm trains on: "windows" (behaviour cloning) or "transitions" (RL)."""
+        return getattr(ALGOS[self.algo_type][0], "batches", "windows")
 
     @property
     def online(self) -> bool:

@@ -45,7 +45,7 @@ class OfflineSource:
             horizon_pred=c.horizon,
             horizon_exec=c.n_action_steps,
         )
-        if cfg.algo_type == "bc":
+        if cfg.batches == "windows":
             self.train_ds: Any = SequenceDataset(
                 store, episodes=self.train_eps, cache_images=src.cache_images, pad_after=c.pad_after, **ds_kw
             )

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from dmrl.algos import ALGOS, ChunkCritic
+from dmrl.algos import ALGOS
 from dmrl.config_utils import choices, merge, to_dict
 from dmrl.data import EpisodeStore
 from dmrl.policies import ChunkPolicy
@@ -136,18 +136,13 @@ def load_init(policy: ChunkPolicy, path: Path) -> None:
 
 
 def build_algo(cfg: TrainConfig, store: EpisodeStore, engine: Engine) -> torch.nn.Module:
-    """cfg.algo's algorithm: the policy (shaped by the store, weights from --init if given), for actor-critic
-    algorithms a fresh critic; every network on the engine's device and prepared by the algorithm."""
+    """cfg.algo's algorithm around the policy (shaped by the store, weights from --init if given); the algorithm
+    builds what else it trains (an actor-critic's critic) and puts everything on the engine's device."""
     policy, _ = build_from_store(cfg, store)
     if cfg.init is not None:
         load_init(policy, cfg.init)
-    cls = ALGOS[cfg.algo_type][0]
-    if cfg.algo_type == "bc":
-        return cls(policy, cfg.algo, engine, cfg.steps)
-    # Both on the device before the algorithm copies them into targets and hands them to its optimizers.
-    policy.to(engine.device)
-    critic = ChunkCritic(policy, cfg.algo.critic).to(engine.device)  # after --init: it copies the statistics
-    return cls(policy, critic, cfg.algo, engine)
+    # After --init: an actor-critic algorithm's new critic copies the policy's normaliser statistics.
+    return ALGOS[cfg.algo_type][0].build(policy, cfg.algo, engine, cfg.steps)
 
 
 def restore_state(cfg: TrainConfig, out: Path, algo: Any, engine: Engine) -> tuple[int, dict]:
