@@ -28,14 +28,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algos", ("dmrl.algos",)),
     ("train", ("dmrl.train",)),
     ("export/serve", ("dmrl.export", "dmrl.serve")),
-    ("cli", ("dmrl.cli", "dmrl.__main__")),
+    ("cli", ("dmrl.cli", "dmrl.__main__", "dmrl.eval_command")),
 ]
 
 #: Upward edges known today, each with the fix it waits for. The test fails when one of them is gone, so the list
 #: only shrinks: delete the line then.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("dmrl.train.evaluate_cli", "dmrl.export"): "eval's --onnx planner: `dmrl eval` belongs above export (cli layer)",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

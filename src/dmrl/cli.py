@@ -51,10 +51,10 @@ def _run_train(cfg) -> None:
 
 def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.data.collect import CollectConfig
+    from dmrl.eval_command import EvalConfig, run_eval
     from dmrl.export.cli import ExportConfig, run_export
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.config import TrainConfig
-    from dmrl.train.evaluate_cli import EvalConfig, run_eval
 
     return {
         "collect": (CollectConfig, _run_collect, "roll out the scripted expert into an episode store"),

@@ -1,4 +1,5 @@
-"""``dmrl eval``: evaluate a checkpoint on fixed seeds; writes eval.json, a path plot and a rollout GIF."""
+"""``dmrl eval`` (a command: it sees every layer, the ONNX planner included): evaluate a checkpoint on fixed seeds;
+writes eval.json, a path plot and a rollout GIF."""
 
 from __future__ import annotations
 
