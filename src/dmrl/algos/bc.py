@@ -26,13 +26,13 @@ class BCConfig:
     """Behaviour cloning: optimizer, learning-rate schedule and the EMA of the weights that is exported."""
 
     lr: float = 1e-3
-    """AdamW peak learning rate (clipping is the engine's: --engine.grad-clip)."""
+    """AdamW peak learning rate."""
     weight_decay: float = 1e-6
     """AdamW weight decay."""
     warmup_steps: int = 200
-    """Linear learning-rate warm-up, then cosine decay to 0 at the last step."""
+    """Warm-up steps, then cosine decay."""
     ema_decay: float = 0.995
-    """Decay of the exported weights' moving average, warmed up as min(ema_decay, (1 + k) / (10 + k)) at update k."""
+    """EMA decay (exported weights)."""
 
     def __post_init__(self) -> None:
         if not (self.lr > 0 and self.weight_decay >= 0 and self.warmup_steps >= 0):

@@ -4,8 +4,8 @@ diffusion actor minimises its BC loss plus eta times a normalised -Q of chunks s
 As in the authors' ``agents/ql_diffusion.py``: an EMA of the actor samples the next chunk of the TD target, a
 clipped double-Q critic (min over the ensemble) is regressed first, then the actor steps against the updated
 critic, then the target critic moves by Polyak averaging. Here the transitions are chunk-level (Ta-step returns,
-see dmrl.data.transitions) and the Q term can backpropagate through only the last k DDIM steps (the seed's
-truncated backprop through the chain).
+see dmrl.data.transitions) and the Q term can backpropagate through only the last k DDIM steps (truncated
+backpropagation through the sampling chain, as truncated BPTT does through time).
 """
 
 from __future__ import annotations
@@ -48,33 +48,29 @@ class DiffusionQLConfig:
     """Diffusion-QL: Q-term weight, gradient path through the DDIM chain, critic, learning rates, best-of-N."""
 
     eta: float = 1.0
-    """Weight of the Q term: actor_loss = bc_loss + eta * (-Q(s, a_theta) / mean|Q|)."""
+    """Q-term weight: bc_loss + eta * (-Q / mean|Q|)."""
     eta_schedule: str = "constant"
-    """constant, or linear: eta ramps up from 0 over eta_warmup_steps (the critic learns before it steers)."""
+    """constant or linear (ramp over eta_warmup_steps)."""
     eta_warmup_steps: int = 1000
     """Updates of the linear eta ramp."""
     grad_steps_through_chain: int | None = None
-    """k: only the last k DDIM steps of a_theta carry gradients, the first S - k run without (1..S; None: all S)."""
+    """Gradients through the last k DDIM steps (None: all)."""
     n_action_samples: int = 1
-    """Best-of-N at evaluation: N sampled chunks, the critic's favourite is executed (1: plain sampling)."""
+    """Best-of-N: the critic picks 1 of N chunks (1: off)."""
     bc_weighting: str = "none"
-    """none (published Diffusion-QL), or advantage: each sample's BC term weighted by exp(A / (beta * mean|A|)),
-    A = Q(s, a_data) - mean_j Q(s, a_j), a_j from the EMA actor (CRR / AWR style). The critic is then read only at
-    the dataset's chunks and the actor's own samples, never at chunks pushed along its gradient; use with eta 0 for
-    advantage-weighted BC alone."""
+    """none, or advantage: advantage-weighted BC (CRR / AWR)."""
     bc_weight_beta: float = 1.0
-    """Temperature of the advantage weights, in units of the batch's mean |A| (smaller: sharper)."""
+    """Advantage-weight temperature (smaller: sharper)."""
     bc_weight_max: float = 20.0
-    """Cap on a weight before the batch's weights are scaled to mean 1."""
+    """Cap on an advantage weight (before scaling to mean 1)."""
     value_samples: int = 4
-    """Actor chunks per state whose mean Q is the baseline V(s) of the advantage."""
+    """Actor chunks per state whose mean Q is the baseline V(s)."""
     actor_lr: float = 3e-4
     """Adam learning rate of the actor."""
     critic_lr: float = 3e-4
     """Adam learning rate of the critic."""
     actor_tau: float = 0.005
-    """Polyak rate of the EMA actor, which samples the TD targets' next chunks and is exported:
-    ema += actor_tau * (actor - ema) after every update."""
+    """Polyak rate of the EMA actor (exported)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
 
     def __post_init__(self) -> None:

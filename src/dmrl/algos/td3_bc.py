@@ -34,13 +34,13 @@ class TD3BCConfig:
     """TD3+BC's constants (the paper's defaults) and learning rates."""
 
     alpha: float = 2.5
-    """Q-term scale: actor_loss = -alpha / mean|Q| * Q(s, pi(s)) + MSE(pi(s), a)."""
+    """Q-term scale: -alpha / mean|Q| * Q(s, pi(s)) + MSE(pi(s), a)."""
     policy_delay: int = 2
     """Critic steps per actor (and target) step."""
     policy_noise: float = 0.2
-    """Std of the target-policy smoothing noise, in normalised action units ([-1, 1])."""
+    """Std of the target-policy smoothing noise (normalised units)."""
     noise_clip: float = 0.5
-    """Clip of that noise."""
+    """Clip of the smoothing noise."""
     actor_lr: float = 3e-4
     """Adam learning rate of the actor."""
     critic_lr: float = 3e-4

@@ -1,9 +1,9 @@
-"""Denoising training loss of DDPM (Ho et al. 2020) for ε / x0 / v targets, and the seed's hybrid ε + x0 loss.
+"""Denoising training loss of DDPM (Ho et al. 2020) for ε / x0 / v targets, and a hybrid ε + x0 loss.
 
-The seed write-up: ε-prediction trains smoothly but occasionally emits over-large actions; x0-prediction converges
-faster early but later collapses modes. Its fix, reproduced here, predicts both (two heads, see prediction.py) and
-trains loss = w_eps · MSE(ε head, ε) + w_x0 · MSE(x0 head, x0), with w_x0 large early and small late
-(`HybridWeights`, w_eps = 1 - w_x0).
+The hybrid's idea: ε-prediction trains smoothly but can emit over-large actions; x0-prediction converges faster
+early but can later collapse modes. So predict both (two heads, see prediction.py) and train
+loss = w_eps · MSE(ε head, ε) + w_x0 · MSE(x0 head, x0), with w_x0 large early and small late (`HybridWeights`,
+w_eps = 1 - w_x0).
 
 Padded action steps (episode ends shorter than Tp) are excluded by a (B, Tp) bool mask, True = real step, so
 every batch keeps a static shape; padded elements add zero and the sum is divided by the static B·Tp·C.
@@ -35,12 +35,13 @@ class HybridWeights:
     """
 
     kind: str = "linear"
-    #: Weight of the x0 loss at the start of training (the seed: larger early).
+    """w_x0 curve: linear/cosine/step."""
     x0_start: float = 0.9
-    #: Weight of the x0 loss at the end of training (the seed: smaller late, ε dominates).
+    """x0-loss weight at the start."""
     x0_end: float = 0.1
-    #: Progress at which the "step" kind switches from x0_start to x0_end.
+    """x0-loss weight at the end."""
     switch_at: float = 0.5
+    """Progress where step switches."""
 
     def __post_init__(self) -> None:
         if self.kind not in HYBRID_WEIGHT_KINDS:

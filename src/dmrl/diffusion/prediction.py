@@ -10,11 +10,11 @@ s1 = sqrt(1 - ᾱ_t) and x_t = s0 x0 + s1 ε:
   hybrid   out has 2·Da channels on the last dim: out[..., :Da] is the ε head, out[..., Da:] the x0 head.
            Nothing is derived: x0_hat is the x0 head and eps_hat the ε head.
 
-Why hybrid keeps its heads apart instead of averaging them: the seed write-up found ε-prediction smooth but prone
-to over-large actions, and x0-prediction fast early but mode-collapsing late. A DDIM/DDPM update is a sum of an
-x0 term (where the sample goes) and an ε term (the direction of the remaining noise); feeding each term from
-the head trained for it keeps x0's bounded, clipped endpoint and ε's well-calibrated noise direction. When the two
-heads agree (x_t = s0 x0_hat + s1 eps_hat), the update is the usual one.
+Why hybrid keeps its heads apart instead of averaging them: ε-prediction trains smoothly but is prone to
+over-large actions, and x0-prediction learns fast early but can collapse modes late (the hybrid loss's premise).
+A DDIM/DDPM update is a sum of an x0 term (where the sample goes) and an ε term (the direction of the remaining
+noise); feeding each term from the head trained for it keeps x0's bounded, clipped endpoint and ε's well-calibrated
+noise direction. When the two heads agree (x_t = s0 x0_hat + s1 eps_hat), the update is the usual one.
 """
 
 from __future__ import annotations

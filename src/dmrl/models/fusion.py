@@ -100,7 +100,7 @@ class PerceiverFusion(nn.Module):
 
 
 class ConcatFusion(nn.Module):
-    """The seed's baseline: mean-pool each modality, concatenate, MLP.
+    """Naive-concatenation baseline (late fusion): mean-pool each modality, concatenate, MLP.
 
     parts [(tokens (B, N_i, D), mask (B, N_i) bool)] one per modality, in a fixed order -> (tokens (B, 1, D),
     pooled (B, D)). A modality with no valid token in a sample contributes a learned 'absent' vector and a

@@ -67,8 +67,8 @@ class ProprioTokenizer(nn.Module):
     """Low-dimensional modalities (joints, force): one token per frame per modality.
 
     forward(name, x (B, To, dims[name]) already normalised) -> (B, To, D): a linear projection of its own per
-    modality, plus that modality's embedding and the embedding of each frame's index. The seed feeds these
-    through "a normalisation layer plus positional encoding"; normalisation lives in the data normalizer here.
+    modality, plus that modality's embedding and the embedding of each frame's index (a normalisation layer plus
+    positional encoding, the usual proprioception tokenizer; normalisation lives in the data normalizer here).
     """
 
     def __init__(self, dims: Mapping[str, int], n_obs_steps: int, dim: int) -> None:

@@ -37,30 +37,27 @@ class DiffusionPolicyConfig:
     """Denoiser, noise schedule, prediction type and DDIM sampler of a :class:`DiffusionPolicy`."""
 
     denoiser: str = "mlp"
-    """Denoiser network: mlp, unet or transformer."""
+    """mlp, unet or transformer."""
     denoiser_kwargs: dict = field(default_factory=dict)
-    """Extra denoiser config (e.g. {"hidden_dim": 512, "n_blocks": 3} for mlp, {"down_dims": [64, 128]} for unet)."""
+    """e.g. hidden_dim 512 n_blocks 3 (mlp)."""
     prediction_type: str = "sample"
-    """epsilon, sample (x0), v or hybrid (both heads; the x0 loss weighted early in training, the ε loss late)."""
+    """epsilon, sample (x0), v, hybrid."""
     schedule: str = "cosine"
-    """Noise schedule: cosine (squaredcos_cap_v2) or linear."""
+    """Noise schedule: cosine, linear."""
     num_train_steps: int = 100
     """T: diffusion steps in training."""
     num_inference_steps: int = 10
     """S: DDIM steps at inference (1..T)."""
     eta: float = 0.0
-    """DDIM stochasticity (0 deterministic .. 1 DDPM-like)."""
+    """DDIM noise (0: none, 1: DDPM-like)."""
     timestep_spacing: str = "trailing"
-    """DDIM timestep spacing; "trailing" starts from the noisiest step, better for few steps."""
+    """trailing or leading DDIM steps."""
     hybrid: HybridWeights = field(default_factory=HybridWeights)
-    """x0/ε loss weights over training progress (prediction_type hybrid only)."""
+    """x0/ε loss weights over training (prediction_type hybrid)."""
     noise_samples: int = 1
-    """Training: noise draws (t, ε) per observation in each batch. The observation is encoded once and its condition
-    repeated, so with an image encoder the extra draws cost only the denoiser: more of the loss's variance over t
-    and ε averaged per encoder pass (the effective denoiser batch is batch_size * noise_samples)."""
+    """Noise draws (t, ε) per observation."""
     sample_head: str = "both"
-    """Hybrid only: heads driving DDIM: both (x0 head for the x0 term, ε head for the noise term), eps, x0, or
-    blend (the x0 head's implied noise for t >= T/2, the ε head below: each head where it is accurate)."""
+    """Hybrid heads: both/eps/x0/blend."""
 
     def __post_init__(self) -> None:
         # From the command line (--diffusion.denoiser-kwargs hidden_dim 128 down_dims "[64, 128]") every value

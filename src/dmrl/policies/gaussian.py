@@ -19,9 +19,13 @@ class GaussianPolicyConfig:
     """Diagonal Gaussian over the whole normalised chunk; the mean is executed at evaluation."""
 
     hidden: int = 512
+    """Width of the residual MLP."""
     depth: int = 3
+    """Residual blocks."""
     min_log_std: float = -5.0
+    """Lower clamp of the log standard deviation."""
     max_log_std: float = 1.0
+    """Upper clamp of the log standard deviation."""
 
     def __post_init__(self) -> None:
         if self.hidden < 8 or self.depth < 1 or self.min_log_std >= self.max_log_std:

@@ -21,11 +21,15 @@ class VAEPolicyConfig:
     """Latent-variable chunk policy; at test time z ~ N(0, I) ("sample") or z = 0 ("zero", ACT's choice)."""
 
     latent_dim: int = 16
+    """Dimension of z."""
     hidden: int = 512
+    """Width of the residual MLPs."""
     depth: int = 3
+    """Residual blocks per MLP."""
     beta: float = 0.05
-    """Weight of KL(q(z|s,a) || N(0, I)) against the per-dimension squared reconstruction error."""
+    """KL weight against the reconstruction error."""
     test_z: str = "sample"
+    """z at test time: sample (z ~ N(0, I)) or zero."""
 
     def __post_init__(self) -> None:
         if self.test_z not in TEST_Z:

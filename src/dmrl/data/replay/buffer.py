@@ -36,17 +36,17 @@ class ReplayConfig:
     """Replay buffer size and prioritized-replay hyper-parameters."""
 
     capacity: int = 1_000_000
-    """Number of items (transitions or action chunks) kept; the oldest are overwritten first."""
+    """Items kept; the oldest are overwritten first."""
     prioritized: bool = True
-    """Sample proportionally to (|TD| + eps)^alpha with importance weights; False samples uniformly."""
+    """Prioritized replay by |TD| (False: uniform)."""
     alpha: float = 0.6
-    """Priority exponent: 0 is uniform, 1 fully proportional to |TD| + eps."""
+    """Priority exponent (0: uniform, 1: proportional)."""
     beta0: float = 0.4
-    """Importance-weight exponent at the start; annealed linearly to 1 (full correction)."""
+    """Importance-weight exponent at first, annealed to 1."""
     beta_steps: int = 100_000
-    """Sampling calls over which beta goes from beta0 to 1 (unless sample() is given `progress`)."""
+    """Sampling calls over which beta goes from beta0 to 1."""
     eps: float = 1e-6
-    """Added to |TD| so no item's priority is ever zero (it could otherwise never be sampled again)."""
+    """Added to |TD| so no priority is zero."""
 
     def __post_init__(self) -> None:
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 1:

@@ -38,27 +38,27 @@ class EngineConfig:
     """Device, precision, clipping, accumulation, parallelism and state checkpoints of a training run."""
 
     device: str = "auto"
-    """auto (NPU > CUDA > CPU), cpu, cuda[:i] or npu[:i]; under torchrun each rank takes its LOCAL_RANK device."""
+    """auto, cpu, cuda[:i] or npu[:i]."""
     precision: str = "auto"
-    """auto (fp32 on CPU, bf16 on CUDA where supported else fp16, fp16 on NPU), fp32, bf16 or fp16."""
+    """auto, fp32, bf16 or fp16."""
     grad_clip: float = 1.0
-    """Max global gradient norm, applied after unscaling (0 disables)."""
+    """Max global gradient norm (0: off)."""
     accumulate: int = 1
-    """Micro-batches per optimizer step; --batch-size is the total over them (and over ranks)."""
+    """Micro-batches per optimizer step."""
     grad_checkpointing: bool = False
-    """Recompute denoiser / MLP blocks in backward instead of storing their activations (less memory)."""
+    """Activation checkpointing."""
     compile: bool = False
-    """torch.compile the policy's sub-networks (static shapes); eager by default."""
+    """torch.compile the policy."""
     deterministic: bool = False
-    """Deterministic kernels (torch.use_deterministic_algorithms) for bit-exact resume on accelerators."""
+    """Deterministic kernels."""
     cpu_threads: int = 1
-    """torch intra-op threads on CPU (1 avoids OpenMP spin-waiting next to env workers; see device.py)."""
+    """torch intra-op threads on CPU."""
     save_every: int = 1000
-    """Write a resumable training state every this many steps (0: only at the end)."""
+    """Steps between training states."""
     keep_last: int = 2
-    """Training states kept on disk (older ones are deleted after a newer one is complete)."""
+    """Training states kept on disk."""
     loss_scale: float = 2.0**15
-    """fp16 only: initial dynamic loss scale (halved on inf/nan, doubled after 2000 finite steps)."""
+    """fp16: initial loss scale."""
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

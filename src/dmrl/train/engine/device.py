@@ -112,7 +112,7 @@ def resolve_precision(name: str, device: torch.device) -> str:
 @contextlib.contextmanager
 def autocast(device: torch.device, precision: str) -> Iterator[None]:
     """Mixed precision for the forward pass: matmuls/convs in bf16/fp16, while autocast's own fp32 list keeps
-    softmax, layer/group norm, exp/log and reductions in fp32 (the seed's "O2", not all-fp16 weights).
+    softmax, layer/group norm, exp/log and reductions in fp32 (weights stay fp32, unlike an all-fp16 "O2" model).
     Losses are computed from fp32 casts of the outputs by the policies. fp32: a no-op."""
     if precision == "fp32":
         yield
