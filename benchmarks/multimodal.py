@@ -46,8 +46,8 @@ DATASET = ROOT / "outputs" / "multimodal" / "dataset_recovery.zarr"
 MODES = ("rgb", "depth", "joints", "force", "instruction")
 ARMS: dict[str, dict] = {
     "main": {},
-    "concat": {"chunk": {"multimodal": {"fusion": "concat"}}},
-    "lm_last_layer": {"chunk": {"language": {"trainable_layers": 1}}},
+    "concat": {"chunk": {"encoder": {"fusion": "concat"}}},
+    "lm_last_layer": {"chunk": {"encoder": {"language": {"trainable_layers": 1}}}},
     "gaussian": {"policy": "gaussian"},
     "vae": {"policy": "vae"},
     "no_aux": {"chunk": {"aux_state": []}},
@@ -60,13 +60,13 @@ SMOKE = {
     "batch_size": 8,
     "source": {"cache_images": False},
     "chunk": {
-        "multimodal": {
+        "encoder": {
             "dim": 32,
             "vit": {"width": 32, "depth": 1, "n_heads": 2},
             "depth": {"width": 16, "depth": 1, "n_heads": 2},
             "perceiver": {"n_latents": 4, "n_heads": 2, "n_layers": 1},
+            "language": {"out_dim": 32, "trainable_layers": 0},
         },
-        "language": {"out_dim": 32, "trainable_layers": 0},
     },
 }
 COLUMNS = [

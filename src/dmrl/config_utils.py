@@ -8,6 +8,7 @@ parser sees (and its help lists) only their fields.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -69,10 +70,13 @@ def cli_type(cls: type, cfg: Any) -> Any:
 
 def pop_type_flags(cfg: T, argv: list[str]) -> tuple[T, list[str]]:
     """Apply and remove the ``--FIELD.type NAME`` / ``--FIELD.type=NAME`` flags of ``cfg``'s choice fields, nested
-    ones too (``--chunk.encoder.type multimodal``); -> (updated cfg, the other flags)."""
+    ones too (``--chunk.encoder.type multimodal``); -> (updated cfg, the other flags).
+
+    The updated cfg is a default for the parser, not validated as a whole: a check that involves other fields
+    (e.g. observation keys a multimodal encoder can read) runs when the parser builds the final config with the
+    other flags applied."""
     rest = list(argv)
-    overrides = _pop_types(cfg, rest, "")
-    return (merge(cfg, overrides) if overrides else cfg), rest
+    return _pop_types(cfg, rest, ""), rest
 
 
 def _pop_flag(rest: list[str], flag: str) -> str | None:
@@ -89,20 +93,25 @@ def _pop_flag(rest: list[str], flag: str) -> str | None:
     return None
 
 
-def _pop_types(cfg: Any, rest: list[str], prefix: str) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
+def _pop_types(cfg: Any, rest: list[str], prefix: str) -> Any:
+    """``cfg`` with the chosen types of its (nested) choice fields; a shallow copy where one changed."""
+    changed: dict[str, Any] = {}
     tagged = choices(cfg)
     for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
+        value = new = getattr(cfg, f.name)
         key = f"{prefix}{f.name.replace('_', '-')}"
         if f.name in tagged and (name := _pop_flag(rest, f"--{key}.type")) is not None:
-            value = _choose(tagged[f.name], value, {"type": name}, key)
-            overrides[f.name] = {"type": name}
-        if dataclasses.is_dataclass(value):
-            nested = _pop_types(value, rest, f"{key}.")
-            if nested:
-                overrides[f.name] = {**overrides.get(f.name, {}), **nested}
-    return overrides
+            new = _choose(tagged[f.name], value, {"type": name}, key)
+        if dataclasses.is_dataclass(new):
+            new = _pop_types(new, rest, f"{key}.")
+        if new is not value:
+            changed[f.name] = new
+    if not changed:
+        return cfg
+    out = copy.copy(cfg)
+    for name, value in changed.items():
+        object.__setattr__(out, name, value)  # not cfg's __init__: its checks run on the parser's final config
+    return out
 
 
 def to_dict(cfg: Any) -> Any:
@@ -137,6 +146,9 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "") -> T:
         key = f"{where}.{name}" if where else name
         if name in tagged:
             kwargs[name] = _choose(tagged[name], fields[name].default_factory(), value, key)
+        elif isinstance(hints[name], TypeVar) and fields[name].default_factory is not dataclasses.MISSING:
+            # a generic field (e.g. TrainConfig.chunk: C) is read as the class its default is made of
+            kwargs[name] = _convert(type(fields[name].default_factory()), value, key)
         else:
             kwargs[name] = _convert(hints[name], value, key)
     return cls(**kwargs)

@@ -212,15 +212,15 @@ def test_cache_matches_direct_path_and_is_lru(loaded: Loaded) -> None:
     assert torch.equal(mask_direct, mask_cached)
     assert (direct - cached).abs().max().item() < 1e-5
     enc = loaded.frozen
-    size = enc.config.cache_size
+    size = enc.cache_size
     try:
-        enc.config.cache_size = 2
+        enc.cache_size = 2
         enc.clear_cache()
         enc.hidden_states(["a", "b"])
         enc.hidden_states(["a", "c"])  # "a" was used last, so "b" is the one dropped
         assert list(enc._cache) == ["a", "c"]
     finally:
-        enc.config.cache_size = size
+        enc.cache_size = size
 
 
 def test_eval_mode_minilm_and_state_dict(loaded: Loaded) -> None:
@@ -246,7 +246,7 @@ def test_eval_mode_minilm_and_state_dict(loaded: Loaded) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("out_dim", 0), ("max_tokens", 2), ("max_tokens", 1000), ("trainable_layers", 7), ("trainable_layers", -1),
-     ("trainable_layers", True), ("cache_size", 0), ("model_path", ""), ("dedupe", 1)],
+     ("trainable_layers", True), ("model_path", ""), ("dedupe", 1)],
 )  # fmt: skip
 def test_bad_config_one_line_error(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=re.escape(f"LanguageConfig.{field}: got")) as err:

@@ -14,7 +14,14 @@ from torch import nn
 
 from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
-from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig, drop_modalities
+from dmrl.models.multimodal import (
+    MODALITIES,
+    MultimodalEncoder,
+    MultimodalEncoderConfig,
+    MultimodalExperimental,
+    MultimodalGeometry,
+    drop_modalities,
+)
 from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
 from dmrl.models.vit import ViTConfig, ViTEncoder
@@ -55,10 +62,7 @@ class FakeText(nn.Module):
 def make_encoder(modalities=MODALITIES, seed: int = 0, vit: dict | None = None, **extra) -> MultimodalEncoder:
     torch.manual_seed(seed)
     kw = dict(
-        modalities=tuple(modalities),
         dim=D,
-        n_obs_steps=TO,
-        image_size=HW,
         vit=ViTConfig(**{**TINY_VIT, **(vit or {})}),
         resnet=TINY_RESNET,
         depth=TINY_DEPTH,
@@ -68,7 +72,8 @@ def make_encoder(modalities=MODALITIES, seed: int = 0, vit: dict | None = None, 
         instruction_queries=True,
     )
     cfg = MultimodalEncoderConfig(**(kw | extra))
-    return MultimodalEncoder(cfg, FakeText() if "instruction" in modalities else None)
+    geometry = MultimodalGeometry(tuple(modalities), n_obs_steps=TO, image_size=HW)
+    return MultimodalEncoder(cfg, geometry, FakeText() if "instruction" in modalities else None)
 
 
 def make_obs(b: int = B, seed: int = 1) -> dict:
@@ -282,13 +287,11 @@ def test_grad_checkpointing_gives_same_gradients(rgb_encoder: str) -> None:
 def test_bf16_autocast_runs(attn_fp32: bool) -> None:
     torch.manual_seed(0)
     cfg = MultimodalEncoderConfig(
-        modalities=("rgb", "joints"),
         dim=D,
-        image_size=HW,
         vit=ViTConfig(**TINY_VIT, attn_fp32=attn_fp32),
         perceiver=PerceiverConfig(n_latents=K, n_heads=2, n_layers=1, attn_fp32=attn_fp32),
     )
-    enc = MultimodalEncoder(cfg)
+    enc = MultimodalEncoder(cfg, MultimodalGeometry(("rgb", "joints"), image_size=HW))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = enc(make_obs())
     assert torch.isfinite(out.pooled.float()).all()
@@ -300,13 +303,13 @@ def test_config_errors_are_one_line() -> None:
         lambda: ViTConfig(width=30, n_heads=4),
         lambda: DepthConfig(max_depth=0.0),
         lambda: ResNetGNConfig(widths=(8, 8, 16)),
-        lambda: MultimodalEncoderConfig(modalities=("rgb", "lidar")),
+        lambda: MultimodalGeometry(modalities=("rgb", "lidar")),
         lambda: MultimodalEncoderConfig(fusion="sum"),
         lambda: MultimodalEncoderConfig(modality_dropout=1.0),
         lambda: MultimodalEncoderConfig(instruction_token_dropout=-0.1),
         lambda: ViTEncoder(ViTConfig(**TINY_VIT), image_size=(30, 32)),
-        lambda: MultimodalEncoder(MultimodalEncoderConfig(modalities=("joints", "instruction"))),
-        lambda: MultimodalEncoder(MultimodalEncoderConfig(modalities=("joints",)), FakeText()),
+        lambda: MultimodalEncoder(None, MultimodalGeometry(("joints", "instruction"))),
+        lambda: MultimodalEncoder(None, MultimodalGeometry(("joints",)), FakeText()),
     ]
     for make in bad:
         with pytest.raises(ValueError) as err:
@@ -488,7 +491,7 @@ def test_instruction_queries_make_the_latents_read_depend_on_the_instruction() -
 def test_instruction_attention_pool_starts_as_the_mean_and_reads_only_valid_tokens() -> None:
     obs = make_obs()
     mean = make_encoder(("rgb", "instruction")).eval()
-    attn = make_encoder(("rgb", "instruction"), instruction_pool="attention").eval()
+    attn = make_encoder(("rgb", "instruction"), experimental=MultimodalExperimental("attention")).eval()
     assert not hasattr(mean, "text_pool")
     attn.load_state_dict(mean.state_dict() | {"text_pool": attn.text_pool.detach()})
     with torch.no_grad():
@@ -508,8 +511,8 @@ def test_instruction_attention_pool_starts_as_the_mean_and_reads_only_valid_toke
     out.pooled.square().sum().backward()
     assert attn.text_pool.grad is not None and torch.isfinite(attn.text_pool.grad).all()
     assert attn.text_pool.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="instruction_pool"):
-        MultimodalEncoderConfig(instruction_pool="max")
+    with pytest.raises(ValueError, match="experimental.instruction_pool"):
+        MultimodalExperimental(instruction_pool="max")
 
 
 def test_instruction_film_moves_only_the_rgb_features_and_respects_masks() -> None:
@@ -575,5 +578,5 @@ def test_image_obs_steps_errors_name_the_key() -> None:
         MultimodalEncoderConfig(image_obs_steps=0)
     with pytest.raises(ValueError, match="image_obs_steps: got 3; allowed at most To = 2"):
         make_encoder(("rgb",), image_obs_steps=3)
-    with pytest.raises(ValueError, match=r"chunk.multimodal.image_obs_steps: got 3; .* chunk.n_obs_steps = 2"):
-        ChunkConfig(obs_keys=("rgb",), encoder_type="multimodal", multimodal=MultimodalEncoderConfig(image_obs_steps=3))
+    with pytest.raises(ValueError, match=r"chunk.encoder.image_obs_steps: got 3; .* chunk.n_obs_steps = 2"):
+        ChunkConfig(obs_keys=("rgb",), encoder=MultimodalEncoderConfig(image_obs_steps=3))

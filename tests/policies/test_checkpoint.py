@@ -32,7 +32,7 @@ def _set_format(directory: Path, **fields) -> None:
 
 def test_save_writes_the_format_and_the_dmrl_version(tmp_path):
     cfg = json.loads((_saved(tmp_path) / "config.json").read_text())
-    assert cfg["format"] == FORMAT == 1 and cfg["dmrl"] == dmrl.__version__
+    assert cfg["format"] == FORMAT == 2 and cfg["dmrl"] == dmrl.__version__
     policy, meta = load_policy(tmp_path / "ckpt")
     assert policy.name == "gaussian" and meta == {"note": "x"} and not policy.training
 
@@ -49,25 +49,27 @@ def test_a_newer_format_is_a_one_line_error_naming_writer_and_reader(tmp_path):
 
 
 def test_older_formats_are_migrated_in_turn(tmp_path, monkeypatch):
-    # Pretend this dmrl writes format 3 and today's checkpoints are format 1: 1 -> 2 -> 3 both run, in order.
-    def one_to_two(cfg):
-        cfg["meta"]["seen"] = [1]
+    # Pretend this dmrl writes format FORMAT + 2 and today's checkpoints are older: both migrations run, in order.
+    n = FORMAT
+
+    def first(cfg):
+        cfg["meta"]["seen"] = [n]
         return cfg
 
-    def two_to_three(cfg):
-        assert cfg["format"] == 2
-        cfg["meta"]["seen"].append(2)
+    def second(cfg):
+        assert cfg["format"] == n + 1
+        cfg["meta"]["seen"].append(n + 1)
         return cfg
 
     directory = _saved(tmp_path)
-    monkeypatch.setattr(ckpt, "FORMAT", 3)
-    monkeypatch.setattr(ckpt, "MIGRATIONS", {1: one_to_two, 2: two_to_three})
+    monkeypatch.setattr(ckpt, "FORMAT", n + 2)
+    monkeypatch.setattr(ckpt, "MIGRATIONS", {n: first, n + 1: second})
     policy, meta = load_policy(directory)
-    assert meta["seen"] == [1, 2] and policy.name == "gaussian"
+    assert meta["seen"] == [n, n + 1] and policy.name == "gaussian"
     raw = json.loads((directory / "config.json").read_text())
-    assert upgrade_config(raw)["format"] == 3 and raw["format"] == 1, "the caller's dict is left as read"
-    monkeypatch.setattr(ckpt, "MIGRATIONS", {1: one_to_two})
-    with pytest.raises(ValueError, match="format 2 has no migration to 3"):
+    assert upgrade_config(raw)["format"] == n + 2 and raw["format"] == n, "the caller's dict is left as read"
+    monkeypatch.setattr(ckpt, "MIGRATIONS", {n: first})
+    with pytest.raises(ValueError, match=f"format {n + 1} has no migration to {n + 2}"):
         load_policy(directory)
 
 

@@ -44,17 +44,10 @@ def tiny_chunk(keys: tuple[str, ...] = ALL, **multimodal) -> ChunkConfig:
         "depth": DepthConfig(width=16, depth=1, n_heads=2, patch_size=8),
         "perceiver": PerceiverConfig(n_latents=4, n_heads=2, n_layers=1),
         "concat_hidden": 32,
+        "language": LANG,
     }
     mm = MultimodalEncoderConfig(**{**tiny, **multimodal})
-    return ChunkConfig(
-        obs_keys=keys,
-        encoder_type="multimodal",
-        n_obs_steps=TO,
-        horizon=TP,
-        n_action_steps=TA,
-        multimodal=mm,
-        language=LANG,
-    )
+    return ChunkConfig(obs_keys=keys, n_obs_steps=TO, horizon=TP, n_action_steps=TA, encoder=mm)
 
 
 DENOISER_KW = {
@@ -134,7 +127,8 @@ def env_step(b: int | None, seed: int = 0, text_of=lambda i: TEXTS[i % len(TEXTS
 @pytest.mark.parametrize(("name", "denoiser"), CASES)
 def test_every_policy_trains_predicts_and_acts_on_images_proprio_and_text(name, denoiser, text):
     policy = make(name, denoiser, text)
-    assert policy.chunk.multimodal.image_size == (HW, HW) and policy.chunk.multimodal.joints_dim == 6
+    geometry = policy.encoder.geometry
+    assert geometry.image_size == (HW, HW) and geometry.joints_dim == 6 and geometry.modalities == ALL
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-3)
     for step in range(2):  # the diffusion denoiser's output layer starts at zero: one step opens the path
         out = policy.loss(batch(seed=step))
@@ -227,7 +221,8 @@ def test_save_load_gives_identical_actions(tmp_path):
     save_policy(tmp_path / "ckpt", policy, {"env_id": "x"})
     saved = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     assert saved["obs_dims"] == {"rgb": [3, HW, HW], "depth": [1, HW, HW], "joints": 6, "force": 4}
-    assert saved["chunk"]["multimodal"]["image_size"] == [HW, HW], "geometry is in the checkpoint, not the dataset"
+    assert saved["format"] == 2 and saved["chunk"]["encoder"]["type"] == "multimodal"
+    assert "image_size" not in saved["chunk"]["encoder"], "geometry comes from obs_dims, not the config"
     loaded, _ = load_policy(tmp_path / "ckpt")
     assert loaded.chunk == policy.chunk
     actions = []
@@ -239,13 +234,13 @@ def test_save_load_gives_identical_actions(tmp_path):
 
 
 def test_checkpoint_without_encoder_keys_still_loads(tmp_path):
-    """A lowdim checkpoint written before chunk.encoder_type / multimodal / language existed."""
+    """A format-1 lowdim checkpoint written before chunk.encoder_type / multimodal / language existed."""
     policy = build_policy("gaussian", ChunkConfig(), GaussianPolicyConfig(hidden=32, depth=1), {"state": 5}, DA)
     save_policy(tmp_path / "old", policy)
     path = tmp_path / "old" / "config.json"
     cfg = json.loads(path.read_text())
-    for key in ("encoder_type", "multimodal", "language"):
-        del cfg["chunk"][key]
+    cfg["format"] = 1
+    cfg["chunk"]["encoder"].pop("type")
     path.write_text(json.dumps(cfg))
     loaded, _ = load_policy(tmp_path / "old")
     assert loaded.chunk.encoder_type == "lowdim" and loaded.obs_dims == {"state": 5}
@@ -254,11 +249,11 @@ def test_checkpoint_without_encoder_keys_still_loads(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"obs_keys": ("rgb", "joints")}, "rgb need chunk.encoder_type multimodal"),
-        ({"obs_keys": ("joints", "instruction")}, "instruction need chunk.encoder_type multimodal"),
-        ({"obs_keys": ("rgb", "state"), "encoder_type": "multimodal"}, "state is not read by the multimodal"),
-        ({"encoder_type": "vision"}, "chunk.encoder_type: got 'vision'"),
-        ({"obs_keys": ("rgb", "rgb"), "encoder_type": "multimodal"}, "distinct names"),
+        ({"obs_keys": ("rgb", "joints")}, "rgb need chunk.encoder.type multimodal"),
+        ({"obs_keys": ("joints", "instruction")}, "instruction need chunk.encoder.type multimodal"),
+        ({"obs_keys": ("rgb", "state"), "encoder": MultimodalEncoderConfig()}, "state is not read by the multimodal"),
+        ({"encoder": LanguageConfig()}, "chunk.encoder: got LanguageConfig; allowed: lowdim, multimodal"),
+        ({"obs_keys": ("rgb", "rgb"), "encoder": MultimodalEncoderConfig()}, "distinct names"),
     ],
 )
 def test_bad_key_and_encoder_combinations_are_one_line_errors(kwargs, match):

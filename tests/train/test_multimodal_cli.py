@@ -16,22 +16,22 @@ from dmrl.data import EpisodeStore, split_episodes
 MODES = ["rgb", "depth", "joints", "force", "instruction"]
 # A tiny multimodal policy: ViT and depth ViT of one block, 4 Perceiver latents, D = 32, frozen MiniLM.
 TINY = [
-    "--chunk.encoder-type", "multimodal",
+    "--chunk.encoder.type", "multimodal",
     "--chunk.obs-keys", *MODES,
     "--chunk.horizon", "8",
     "--chunk.n-action-steps", "4",
-    "--chunk.multimodal.dim", "32",
-    "--chunk.multimodal.vit.width", "32",
-    "--chunk.multimodal.vit.depth", "1",
-    "--chunk.multimodal.vit.n-heads", "2",
-    "--chunk.multimodal.depth.width", "16",
-    "--chunk.multimodal.depth.depth", "1",
-    "--chunk.multimodal.depth.n-heads", "2",
-    "--chunk.multimodal.perceiver.n-latents", "4",
-    "--chunk.multimodal.perceiver.n-heads", "2",
-    "--chunk.multimodal.perceiver.n-layers", "1",
-    "--chunk.language.out-dim", "32",
-    "--chunk.language.trainable-layers", "0",
+    "--chunk.encoder.dim", "32",
+    "--chunk.encoder.vit.width", "32",
+    "--chunk.encoder.vit.depth", "1",
+    "--chunk.encoder.vit.n-heads", "2",
+    "--chunk.encoder.depth.width", "16",
+    "--chunk.encoder.depth.depth", "1",
+    "--chunk.encoder.depth.n-heads", "2",
+    "--chunk.encoder.perceiver.n-latents", "4",
+    "--chunk.encoder.perceiver.n-heads", "2",
+    "--chunk.encoder.perceiver.n-layers", "1",
+    "--chunk.encoder.language.out-dim", "32",
+    "--chunk.encoder.language.trainable-layers", "0",
     "--policy.denoiser", "transformer",
     "--policy.denoiser-kwargs", "d_model", "32", "n_layers", "1", "n_heads", "2",
     "--policy.num-train-steps", "10",
@@ -57,8 +57,9 @@ def run(tmp_path_factory) -> Iterator:
 def test_train_saves_a_self_contained_multimodal_checkpoint(run):
     cfg = json.loads((run / "checkpoint" / "config.json").read_text())
     assert cfg["obs_dims"] == {"rgb": [3, 16, 16], "depth": [1, 16, 16], "joints": 6, "force": 4}
-    mm = cfg["chunk"]["multimodal"]
-    assert mm["image_size"] == [16, 16] and mm["modalities"] == MODES and mm["joints_dim"] == 6
+    enc = cfg["chunk"]["encoder"]
+    assert cfg["format"] == 2 and enc["type"] == "multimodal" and enc["language"]["out_dim"] == 32
+    assert "image_size" not in enc and "modalities" not in enc, "the data decides them: read off obs_dims"
     assert cfg["meta"]["env_kwargs"] == {"image_size": 16, "cameras": ["front"], "n_objects": 3}
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 4 and "val_loss" in lines[-1]
@@ -90,4 +91,4 @@ def test_lowdim_encoder_with_images_is_a_one_line_error(run, capsys):
     args = ["train", "--dataset", str(data), "--out", str(run.parent / "bad"), "--chunk.obs-keys", "rgb", "joints"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert "encoder_type multimodal" in err and len(err.splitlines()) == 1
+    assert "chunk.encoder.type multimodal" in err and len(err.splitlines()) == 1

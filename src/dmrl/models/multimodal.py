@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from dmrl.models.depth import DepthConfig, DepthEncoder
 from dmrl.models.fusion import ConcatFusion, PerceiverConfig, PerceiverFusion
+from dmrl.models.language import LanguageConfig
 from dmrl.models.resnet import ResNet18GN, ResNetGNConfig
 from dmrl.models.tokens import FrameTokenizer, ProprioTokenizer
 from dmrl.models.vit import ViTConfig, ViTEncoder
@@ -40,76 +41,93 @@ class EncoderOutput:
     """{modality: (B,) bool}: the modality reached the fusion for that sample (in obs, not masked, not dropped)."""
 
 
-@dataclass
-class MultimodalEncoderConfig:
-    """Per-modality encoders + fusion. Shared geometry (dim, image_size, n_cameras, n_obs_steps) is set here once."""
+@dataclass(frozen=True)
+class MultimodalGeometry:
+    """What the data decides about the multimodal encoder: read off the policy's observation keys, To and the
+    store's shapes when the policy is built (policies.observations.multimodal_geometry), never set by a flag."""
 
     modalities: tuple[str, ...] = ("rgb", "depth", "joints", "force")
     """Any non-empty subset of rgb, depth, joints, force, instruction (instruction needs a text encoder)."""
-    dim: int = 256
-    """D: width of every token and of the output."""
     n_obs_steps: int = 2
     """To: observation frames per sample."""
-    image_obs_steps: int | None = None
-    """Frames of rgb and depth that are encoded: the most recent ones of the To given (None: all To). Joints and
-    force keep all To (they carry the arm's velocity); 1 halves the image encoder's cost at To 2, where it is
-    most of a training step, for static scenes where the second image adds little."""
     image_size: tuple[int, int] = (64, 64)
     """(H, W) of rgb and depth frames."""
     n_cameras: int = 1
     """Cameras stacked on channels: rgb (3 * n_cameras, H, W), depth (n_cameras, H, W)."""
     joints_dim: int = 6
-    """J: joint readings per frame (MultiPath: 5 joints + suction flag)."""
+    """J: joint readings per frame."""
     force_dim: int = 4
-    """F: force readings per frame (MultiPath: 4)."""
+    """F: force readings per frame."""
+
+    def __post_init__(self) -> None:
+        chosen = tuple(self.modalities)
+        bad = [m for m in chosen if m not in MODALITIES]
+        if not chosen or bad or len(set(chosen)) != len(chosen):
+            raise ValueError(f"MultimodalGeometry.modalities: got {chosen}; allowed distinct names of {MODALITIES}")
+        # canonical order: the token layout is fixed
+        object.__setattr__(self, "modalities", tuple(m for m in MODALITIES if m in chosen))
+        object.__setattr__(self, "image_size", tuple(self.image_size))
+        for key in ("n_obs_steps", "n_cameras", "joints_dim", "force_dim"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"MultimodalGeometry.{key}: got {getattr(self, key)}; allowed an integer >= 1")
+
+
+@dataclass
+class MultimodalExperimental:
+    """Experimental: tried, not adopted by any preset (see docs/experiments); kept for further experiments."""
+
+    instruction_pool: str = "mean"
+    """How the instruction becomes one vector for the queries and FiLM: mean (of its valid tokens) or attention (a
+    learned query, softmax over the valid tokens, zero-initialised so it starts as the mean)."""
+
+    def __post_init__(self) -> None:
+        if self.instruction_pool not in ("mean", "attention"):
+            raise ValueError(
+                f"encoder.experimental.instruction_pool: got {self.instruction_pool!r}; allowed mean or attention"
+            )
+
+
+@dataclass
+class MultimodalEncoderConfig:
+    """Per-modality encoders of width D, fused into condition tokens. Modalities, To, image size, cameras, J and F
+    come from the data (MultimodalGeometry)."""
+
+    dim: int = 256
+    """D: width of every token and of the output."""
+    image_obs_steps: int | None = None
+    """Frames of rgb and depth that are encoded: the most recent ones of the To given (None: all To). Joints and
+    force keep all To; 1 halves the image encoders' cost at To 2, for scenes where the second image adds little."""
     rgb_encoder: str = "vit"
     """vit (ViTEncoder, config in `vit`) or resnet (ResNet18GN with spatial softmax, config in `resnet`)."""
     vit: ViTConfig = field(default_factory=ViTConfig)
     resnet: ResNetGNConfig = field(default_factory=ResNetGNConfig)
     depth: DepthConfig = field(default_factory=DepthConfig)
     fusion: str = "perceiver"
-    """perceiver (K latent tokens, config in `perceiver`) or concat (pooled + MLP, the seed's baseline)."""
+    """perceiver (K latent tokens, config in `perceiver`) or concat (pooled vectors + MLP)."""
     perceiver: PerceiverConfig = field(default_factory=PerceiverConfig)
     concat_hidden: int = 512
     """Hidden width of the concat fusion's MLP."""
+    language: LanguageConfig = field(default_factory=LanguageConfig)
+    """Instruction encoder (MiniLM), used when instruction is among the observation keys."""
     modality_dropout: float = 0.0
     """Training only: per sample, each modality is masked out with this probability; one always stays."""
     instruction_token_dropout: float = 0.0
-    """Training only: per sample, each of the instruction's real tokens (MiniLM's contextual outputs) is masked out
-    with this probability, one always staying: word dropout, applied before every use of the instruction (its
-    tokens in the fusion, its mean for the queries and FiLM). With a frozen MiniLM a few train paraphrases are a
-    few fixed points, which the layers after it can memorise; held-out paraphrases move every token but the
-    colour's, and dropout shows the policy means over varied token subsets instead."""
+    """Training only: per sample, each of the instruction's real tokens is masked out with this probability, one
+    always staying (word dropout, before every use of the instruction), so the policy does not memorise wordings."""
     instruction_queries: bool = False
-    """Perceiver only: the instruction's mean token, through a linear map, is added to every latent query, so one
-    cross-attention can read the image conditionally (find the named cup). With fixed queries the latents can only
-    summarise every cup and leave the choice to later layers, which a CPU budget does not teach (pilot: the policy
-    grasped the named cup in under half of its grasps). A masked or missing instruction adds nothing."""
+    """Perceiver only: the instruction's mean token, through a linear map, is added to every latent query, so the
+    cross-attention can read the image conditionally (find the named object). A missing instruction adds nothing."""
     instruction_film: bool = False
     """rgb_encoder resnet only: FiLM (RT-1, BC-Z) of the last ResNet feature map by the instruction's mean token,
-    features * (1 + gamma) + beta, before the spatial softmax: the keypoints themselves can move to the named cup.
-    Zero-initialised (the plain encoder at start); a masked or missing instruction leaves the features alone."""
-    instruction_pool: str = "mean"
-    """How the instruction becomes one vector for the queries and FiLM: mean (of its valid tokens) or attention (a
-    learned query, softmax over the valid tokens; zero-initialised, so it starts as the mean). Only the colour word
-    names the cup; a mean mixes it with every other word, and held-out paraphrases change those words, while
-    attention can learn to read the colour's token alone."""
+    features * (1 + gamma) + beta, before the spatial softmax; zero-initialised (the plain encoder at start)."""
     proprio_skip: bool = False
-    """Also add a linear map of the To frames of joints and force straight onto the fused output (every latent and
-    the pooled vector), as Diffusion Policy concatenates low-dim state to its image features. Without it the arm's
-    own pose reaches the denoiser only through attention over a few hundred image tokens, which it learns slowly.
-    A masked or missing modality adds nothing, exactly as its masked tokens add nothing."""
+    """Also add a linear map of the To frames of joints and force onto the fused output (every latent and the pooled
+    vector), as Diffusion Policy concatenates low-dim state to its image features; a missing modality adds nothing."""
+    experimental: MultimodalExperimental = field(default_factory=MultimodalExperimental)
+    """Experimental knobs, not used by any preset."""
 
     def __post_init__(self) -> None:
-        chosen = tuple(self.modalities)
-        bad = [m for m in chosen if m not in MODALITIES]
-        if not chosen or bad or len(set(chosen)) != len(chosen):
-            raise ValueError(
-                f"MultimodalEncoderConfig.modalities: got {chosen}; allowed distinct names of {MODALITIES}"
-            )
-        self.modalities = tuple(m for m in MODALITIES if m in chosen)  # canonical order: token layout is fixed
-        self.image_size = tuple(self.image_size)  # type: ignore[assignment]
-        for key in ("dim", "n_obs_steps", "n_cameras", "joints_dim", "force_dim", "concat_hidden"):
+        for key in ("dim", "concat_hidden"):
             if getattr(self, key) < 1:
                 raise ValueError(f"MultimodalEncoderConfig.{key}: got {getattr(self, key)}; allowed an integer >= 1")
         if self.image_obs_steps is not None and self.image_obs_steps < 1:
@@ -118,10 +136,6 @@ class MultimodalEncoderConfig:
             )
         if self.rgb_encoder not in ("vit", "resnet"):
             raise ValueError(f"MultimodalEncoderConfig.rgb_encoder: got {self.rgb_encoder!r}; allowed vit or resnet")
-        if self.instruction_pool not in ("mean", "attention"):
-            raise ValueError(
-                f"MultimodalEncoderConfig.instruction_pool: got {self.instruction_pool!r}; allowed mean or attention"
-            )
         if self.fusion not in FUSIONS:
             raise ValueError(f"MultimodalEncoderConfig.fusion: got {self.fusion!r}; allowed {' or '.join(FUSIONS)}")
         for key in ("modality_dropout", "instruction_token_dropout"):
@@ -146,32 +160,39 @@ class MultimodalEncoder(nn.Module):
     A configured modality missing from obs is masked out for every sample (its slot holds masked zeros, so the
     fusion input keeps its shape); `present` {name: (B,) bool} masks single samples. Either way the output is
     what it would be for any other values of that modality: missing is never zero-filled data.
+    geometry: the modalities, To, image size, cameras, J and F (read off the data by the policy).
     text_encoder: for `instruction`, a module mapping list[str] -> (tokens (B, L, D_text), mask (B, L) bool)
     with an `out_dim` attribute (models.language.LanguageEncoder); its tokens are projected to D here.
     """
 
-    def __init__(self, config: MultimodalEncoderConfig | None = None, text_encoder: nn.Module | None = None) -> None:
+    def __init__(
+        self,
+        config: MultimodalEncoderConfig | None = None,
+        geometry: MultimodalGeometry | None = None,
+        text_encoder: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         c = self.config = config or MultimodalEncoderConfig()
-        d, to = c.dim, c.n_obs_steps
+        g = self.geometry = geometry or MultimodalGeometry()
+        d, to = c.dim, g.n_obs_steps
         self.image_steps = ti = c.image_obs_steps or to
         if ti > to:
             raise ValueError(f"MultimodalEncoderConfig.image_obs_steps: got {ti}; allowed at most To = {to}")
-        geometry = {"out_dim": d, "image_size": c.image_size, "n_cameras": c.n_cameras}
+        geometry = {"out_dim": d, "image_size": g.image_size, "n_cameras": g.n_cameras}
         self.frames = nn.ModuleDict()
-        if "rgb" in c.modalities:
+        if "rgb" in g.modalities:
             rgb = ViTEncoder(c.vit, **geometry) if c.rgb_encoder == "vit" else ResNet18GN(c.resnet, **geometry)
             self.frames["rgb"] = FrameTokenizer(rgb, ti)
-        if "depth" in c.modalities:
+        if "depth" in g.modalities:
             self.frames["depth"] = FrameTokenizer(DepthEncoder(c.depth, **geometry), ti)
-        low = {k: getattr(c, f"{k}_dim") for k in ("joints", "force") if k in c.modalities}
+        low = {k: getattr(g, f"{k}_dim") for k in ("joints", "force") if k in g.modalities}
         self.proprio = ProprioTokenizer(low, to, d) if low else None
         self.skip = nn.ModuleDict({k: nn.Linear(to * n, d) for k, n in low.items()}) if c.proprio_skip else None
         # Token count per modality, for the masked placeholder of a missing one. An instruction's length is
         # only known once tokenized, so its placeholder is a single masked token.
         self.n_tokens = {k: m.n_tokens for k, m in self.frames.items()} | dict.fromkeys(low, to)
         self.text_encoder = None
-        if "instruction" in c.modalities:
+        if "instruction" in g.modalities:
             if text_encoder is None:
                 raise ValueError("MultimodalEncoder: modality 'instruction' needs text_encoder= (a LanguageEncoder)")
             self.text_encoder = text_encoder
@@ -179,15 +200,15 @@ class MultimodalEncoder(nn.Module):
             self.text_embed = nn.Parameter(torch.zeros(d))  # modality embedding (an instruction has no frames)
             nn.init.trunc_normal_(self.text_embed, std=0.02)
             self.n_tokens["instruction"] = 1
-            if c.instruction_pool == "attention":
+            if c.experimental.instruction_pool == "attention":
                 self.text_pool = nn.Parameter(torch.zeros(d))  # zero: uniform weights, the mean, at start
             if c.instruction_queries and c.fusion == "perceiver":
                 self.text_query = nn.Linear(d, d)
         elif text_encoder is not None:
-            raise ValueError("MultimodalEncoder: text_encoder given but 'instruction' is not in config.modalities")
+            raise ValueError("MultimodalEncoder: text_encoder given but 'instruction' is not among the modalities")
         self.film = None
         if c.instruction_film:
-            if "instruction" not in c.modalities or "rgb" not in c.modalities or c.rgb_encoder != "resnet":
+            if "instruction" not in g.modalities or "rgb" not in g.modalities or c.rgb_encoder != "resnet":
                 raise ValueError(
                     "MultimodalEncoderConfig.instruction_film needs modalities rgb and instruction and "
                     "rgb_encoder resnet"
@@ -198,14 +219,14 @@ class MultimodalEncoder(nn.Module):
         self.fusion: nn.Module = (
             PerceiverFusion(c.perceiver, dim=d)
             if c.fusion == "perceiver"
-            else ConcatFusion(len(c.modalities), d, c.concat_hidden)
+            else ConcatFusion(len(g.modalities), d, c.concat_hidden)
         )
         self.out_dim = d
 
     def _batch_size(self, obs: Mapping[str, Tensor | Sequence[str]]) -> int:
         sizes = {k: len(v) if isinstance(v, list | tuple) else v.shape[0] for k, v in obs.items() if k in self.n_tokens}
         if not sizes:
-            raise ValueError(f"MultimodalEncoder: obs has none of {self.config.modalities}; got keys {sorted(obs)}")
+            raise ValueError(f"MultimodalEncoder: obs has none of {self.geometry.modalities}; got keys {sorted(obs)}")
         if len(set(sizes.values())) > 1:
             raise ValueError(f"MultimodalEncoder: batch sizes differ across modalities: {sizes}")
         return next(iter(sizes.values()))
@@ -220,7 +241,7 @@ class MultimodalEncoder(nn.Module):
             return self.text_proj(tokens) + self.text_embed, mask.to(torch.bool)
         assert isinstance(value, Tensor)
         if name in self.frames:
-            to = self.config.n_obs_steps
+            to = self.geometry.n_obs_steps
             if value.ndim != 5 or value.shape[1] != to:
                 raise ValueError(
                     f"MultimodalEncoder: got {name} of shape {tuple(value.shape)}; expected (B, {to}, C, H, W)"
@@ -245,7 +266,8 @@ class MultimodalEncoder(nn.Module):
 
         tokens (B, L, D), mask (B, L) bool with every exclusion already in it (caller masks, modality dropout,
         a missing key), so a masked instruction contributes nothing through this path either. The pool is the
-        mean, or with instruction_pool attention a softmax over the valid tokens (in fp32, as the fusion's)."""
+        mean, or with experimental.instruction_pool attention a softmax over the valid tokens (in fp32, as the
+        fusion's)."""
         m = mask[..., None]
         zero = torch.zeros((), dtype=tokens.dtype, device=tokens.device)
         if hasattr(self, "text_pool"):
@@ -265,7 +287,7 @@ class MultimodalEncoder(nn.Module):
         masked, dropped or missing (`where`, not a product, so masked NaN values cannot leak)."""
         assert self.skip is not None
         out = torch.zeros_like(ref)
-        for i, name in enumerate(self.config.modalities):
+        for i, name in enumerate(self.geometry.modalities):
             if name in self.skip and name in blanked:
                 value = blanked[name]
                 assert isinstance(value, Tensor)
@@ -276,17 +298,17 @@ class MultimodalEncoder(nn.Module):
     def forward(
         self, obs: Mapping[str, Tensor | Sequence[str]], present: Mapping[str, Tensor] | None = None
     ) -> EncoderOutput:
-        c, present = self.config, present or {}
-        unknown = sorted(set(present) - set(c.modalities))
+        c, g, present = self.config, self.geometry, present or {}
+        unknown = sorted(set(present) - set(g.modalities))
         if unknown:
-            raise ValueError(f"MultimodalEncoder: present names {unknown} are not configured modalities {c.modalities}")
+            raise ValueError(f"MultimodalEncoder: present names {unknown} are not configured modalities {g.modalities}")
         b = self._batch_size(obs)
         for name, flags in present.items():
             if tuple(flags.shape) != (b,):
                 raise ValueError(
                     f"MultimodalEncoder: present[{name!r}] has shape {tuple(flags.shape)}; expected ({b},)"
                 )
-        blanked = {k: self._blank(obs[k], present.get(k)) for k in c.modalities if k in obs}
+        blanked = {k: self._blank(obs[k], present.get(k)) for k in g.modalities if k in obs}
         device = next(self.parameters()).device
         # Which modality reaches the fusion for which sample: in obs, not masked by the caller, not dropped.
         avail = [
@@ -297,7 +319,7 @@ class MultimodalEncoder(nn.Module):
             )
             if n in blanked
             else torch.zeros(b, dtype=torch.bool, device=device)
-            for n in c.modalities
+            for n in g.modalities
         ]
         keep = torch.stack(avail, dim=1)  # (B, n_modalities)
         if self.training and c.modality_dropout > 0:
@@ -310,14 +332,14 @@ class MultimodalEncoder(nn.Module):
                 mask = drop_modalities(mask, c.instruction_token_dropout)
             encoded["instruction"] = tokens, mask
             if self.film is not None:
-                i = c.modalities.index("instruction")
+                i = g.modalities.index("instruction")
                 film = self._from_instruction(self.film, tokens, mask & keep[:, i, None].to(mask.device))
         encoded |= {
             k: self._encode(k, v, film if k == "rgb" else None) for k, v in blanked.items() if k != "instruction"
         }
         ref = next(iter(encoded.values()))[0]
         parts = []
-        for name in c.modalities:
+        for name in g.modalities:
             if name in encoded:
                 tokens, mask = encoded[name]
             else:
@@ -328,7 +350,7 @@ class MultimodalEncoder(nn.Module):
         if isinstance(self.fusion, PerceiverFusion):
             # The instruction's mask in parts already includes keep.
             query = (
-                self._from_instruction(self.text_query, *parts[c.modalities.index("instruction")])
+                self._from_instruction(self.text_query, *parts[g.modalities.index("instruction")])
                 if hasattr(self, "text_query")
                 else None
             )
@@ -344,5 +366,5 @@ class MultimodalEncoder(nn.Module):
             tokens=tokens,
             mask=torch.ones(tokens.shape[:2], dtype=torch.bool, device=tokens.device),
             pooled=pooled,
-            present={name: parts[i][1].any(dim=1) for i, name in enumerate(c.modalities)},
+            present={name: parts[i][1].any(dim=1) for i, name in enumerate(g.modalities)},
         )

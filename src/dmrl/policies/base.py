@@ -11,50 +11,49 @@ rescales), and instructions are tokenized by the text encoder. Normalising them 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dmrl.config_utils import choice
 from dmrl.data import Normalizer
-from dmrl.models.language import LanguageConfig
-from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder, MultimodalEncoderConfig
-from dmrl.models.proprio import LowDimEncoder, LowDimEncoderConfig
+from dmrl.models.multimodal import EncoderOutput, MultimodalEncoder
+from dmrl.models.proprio import LowDimEncoder
 from dmrl.policies.observations import (
+    ENCODERS,
     VECTOR_KEYS,
     ObsDim,
     build_encoder,
     check_obs_keys,
     checked_obs_dims,
+    encoder_name,
     roll_history,
     select,
     step_tensors,
 )
 
+E = TypeVar("E")
+
 
 @dataclass
-class ChunkConfig:
+class ChunkConfig(Generic[E]):
     """Observation/action horizons, the observation keys and their encoder (shared by all policies)."""
 
     obs_keys: tuple[str, ...] = ("state",)
     """Observation keys the policy reads: joints, force, state (lowdim); rgb, depth, joints, force, instruction
     (multimodal)."""
-    encoder_type: str = "lowdim"
-    """lowdim (MLP over the concatenated vector keys, config in `encoder`) or multimodal (per-modality tokens +
-    fusion, config in `multimodal`; `language` too when instruction is a key)."""
     n_obs_steps: int = 2
     """To: observation frames the policy conditions on."""
     horizon: int = 16
     """Tp: actions predicted per chunk."""
     n_action_steps: int = 8
     """Ta: actions executed from each chunk before replanning (receding horizon)."""
-    encoder: LowDimEncoderConfig = field(default_factory=LowDimEncoderConfig)
-    multimodal: MultimodalEncoderConfig = field(default_factory=MultimodalEncoderConfig)
-    """Multimodal encoder. Its modalities, n_obs_steps, image_size, n_cameras, joints_dim and force_dim are
-    replaced by obs_keys, To and the dataset's shapes when the policy is built (a checkpoint keeps the result)."""
-    language: LanguageConfig = field(default_factory=LanguageConfig)
-    """Instruction encoder (MiniLM), used when instruction is among obs_keys."""
+    encoder: E = choice(ENCODERS, "lowdim")
+    """The observation encoder (--chunk.encoder.type lowdim | multimodal): lowdim, an MLP over the concatenated
+    vector keys; multimodal, per-modality tokens fused by a Perceiver (and MiniLM when instruction is a key)."""
     aux_state: tuple[int, ...] = ()
     """Training only: indices of the dataset's privileged ``state`` vector that a linear head predicts from the
     pooled condition at the current frame (an auxiliary loss that tells the encoder what to find, e.g. the named
@@ -66,9 +65,16 @@ class ChunkConfig:
     the loss). None: Ta - 1, Diffusion Policy's convention, under which the last Tp - To - Ta + 1 steps of an
     episode are never a current step; Tp - To: every step is (see data.sequence). Evaluation ignores it."""
 
+    @property
+    def encoder_type(self) -> str:
+        """The encoder's --chunk.encoder.type name: lowdim or multimodal."""
+        return encoder_name(self.encoder)
+
     def __post_init__(self) -> None:
         self.obs_keys = tuple(self.obs_keys)
         self.aux_state = tuple(int(i) for i in self.aux_state)
+        if type(self.encoder) not in ENCODERS.values():
+            raise ValueError(f"chunk.encoder: got {type(self.encoder).__name__}; allowed: {', '.join(ENCODERS)}")
         check_obs_keys(self.obs_keys, self.encoder_type)
         if "state" in self.obs_keys and self.aux_state:
             raise ValueError("chunk.aux_state: the policy already reads state; an auxiliary state loss needs it absent")
@@ -81,10 +87,10 @@ class ChunkConfig:
                 f"chunk.pad_after: got {self.pad_after}; allowed null (Ta - 1) or 0 .. Tp - To = "
                 f"{self.horizon - self.n_obs_steps}"
             )
-        ti = self.multimodal.image_obs_steps
+        ti = getattr(self.encoder, "image_obs_steps", None)
         if ti is not None and ti > self.n_obs_steps:
             raise ValueError(
-                f"chunk.multimodal.image_obs_steps: got {ti}; allowed at most chunk.n_obs_steps = {self.n_obs_steps}"
+                f"chunk.encoder.image_obs_steps: got {ti}; allowed at most chunk.n_obs_steps = {self.n_obs_steps}"
             )
         if not (
             1 <= self.n_obs_steps <= self.horizon and 1 <= self.n_action_steps <= self.horizon - self.n_obs_steps + 1
@@ -125,7 +131,7 @@ class ChunkPolicy(nn.Module):
     returns (B, Da) or (Da,) actions in the env's units, clipped to [-1, 1].
 
     obs_dims: {vector key: length, frame key: (C, H, W)} (see policies.observations); text_encoder: a prebuilt
-    LanguageEncoder(chunk.language) to use instead of building one (it is slow to load; tests share one).
+    LanguageEncoder(chunk.encoder.language) to use instead of building one (it is slow to load; tests share one).
     """
 
     name = "base"
@@ -146,10 +152,8 @@ class ChunkPolicy(nn.Module):
         self.normalizer = NormalizerModule(
             normalizer, (*self.vector_keys, "actions"), {**vector_dims, "actions": action_dim}
         )
-        # The resolved chunk (multimodal geometry read off obs_dims) is what the checkpoint stores: the policy
-        # rebuilds from it without the dataset.
-        self.encoder: LowDimEncoder | MultimodalEncoder
-        self.encoder, chunk = build_encoder(chunk, self.obs_dims, text_encoder)
+        # The multimodal geometry is read off obs_dims (stored in the checkpoint next to chunk), never configured.
+        self.encoder: LowDimEncoder | MultimodalEncoder = build_encoder(chunk, self.obs_dims, text_encoder)
         self.chunk = chunk
         self.aux_head = self._build_aux_head(normalizer) if chunk.aux_state else None
         self._planner: Callable[[Mapping[str, Tensor | list[str]]], Tensor] | None = None

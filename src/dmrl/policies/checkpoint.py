@@ -1,15 +1,15 @@
 """Policy checkpoints (safetensors weights + a JSON config, as lerobot's ``pretrained.py``): save, load, migrate.
 
 A directory holds ``policy.safetensors`` (weights, normaliser statistics included) and ``config.json`` with
-everything a rebuild needs without the dataset: the chunk config (the multimodal encoder's geometry already
-resolved from the data), the policy config, obs_dims ({vector key: length, frame key: [C, H, W]}), the action dim,
-the checkpoint ``format`` and the dmrl version that wrote it. Only ``dmrl.policies`` is needed to load one: no
+everything a rebuild needs without the dataset: the chunk config, the policy config, obs_dims ({vector key: length,
+frame key: [C, H, W]}; the multimodal encoder's geometry is read off them), the action dim, the checkpoint
+``format`` and the dmrl version that wrote it. Only ``dmrl.policies`` is needed to load one: no
 algorithm, engine or env.
 
 Format policy: ``FORMAT`` is the one this dmrl writes. A change to config.json that an older loader would misread
 bumps it and adds ``MIGRATIONS[old]``, which turns a config of format ``old`` into one of ``old + 1``; loading
-applies them in turn, so every checkpoint ever written keeps loading (tests/artifacts/golden_* hold format 1).
-A newer format than this dmrl knows is a one-line error, never a guess.
+applies them in turn, so every checkpoint ever written keeps loading (tests/artifacts/golden_* hold format 1,
+lowdim and multimodal). A newer format than this dmrl knows is a one-line error, never a guess.
 """
 
 from __future__ import annotations
@@ -27,17 +27,45 @@ from safetensors.torch import load_file, save_file
 
 from dmrl import __version__
 from dmrl.config_utils import from_dict, to_dict
+from dmrl.models.multimodal import MultimodalEncoderConfig
 from dmrl.policies import POLICIES, ChunkConfig, ChunkPolicy
 
-FORMAT = 1
+FORMAT = 2
 """The checkpoint format this dmrl writes (config.json's "format")."""
 WEIGHTS = "policy.safetensors"
 CONFIG = "config.json"
 
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
-#: format n -> migrate(config.json dict of format n) -> config.json dict of format n + 1. Empty while format 1 is
-#: the only one: the first change of format adds ``MIGRATIONS[1]`` and sets ``FORMAT = 2``.
-MIGRATIONS: dict[int, Migration] = {}
+
+#: Format 1's multimodal fields that the data decides (format 2 reads them off obs_keys, To and obs_dims).
+_GEOMETRY = ("modalities", "n_obs_steps", "image_size", "n_cameras", "joints_dim", "force_dim")
+
+
+def _chunk_1_to_2(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 -> 2: the encoder became a choice. chunk {encoder_type, encoder (lowdim), multimodal, language}
+    -> chunk {encoder: {type: lowdim, ...}} or {encoder: {type: multimodal, ..., language, experimental}}; the
+    multimodal geometry is dropped, LanguageConfig.cache_size too (an LRU bound, no effect on the weights), and
+    instruction_pool moves under the encoder's experimental settings."""
+    chunk = cfg["chunk"]
+    kind = chunk.pop("encoder_type", "lowdim")  # checkpoints older than the multimodal encoder have none
+    lowdim = chunk.pop("encoder", {})
+    multimodal = chunk.pop("multimodal", {})
+    language = chunk.pop("language", {})
+    language.pop("cache_size", None)
+    if kind == "lowdim":
+        chunk["encoder"] = {"type": "lowdim", **lowdim}
+    else:
+        for key in _GEOMETRY:
+            multimodal.pop(key, None)
+        experimental = (
+            {"instruction_pool": multimodal.pop("instruction_pool")} if "instruction_pool" in multimodal else {}
+        )
+        chunk["encoder"] = {"type": kind, **multimodal, "language": language, "experimental": experimental}
+    return cfg
+
+
+#: format n -> migrate(config.json dict of format n) -> config.json dict of format n + 1.
+MIGRATIONS: dict[int, Migration] = {1: _chunk_1_to_2}
 
 
 def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
@@ -113,9 +141,10 @@ def load_policy(directory: Path, device: str = "cpu") -> tuple[ChunkPolicy, dict
         raise ValueError(f"checkpoint {cfg_path}: unknown policy {cfg.get('policy')!r} (known: {', '.join(POLICIES)})")
     cls, cfg_cls = POLICIES[cfg["policy"]]
     chunk = from_dict(ChunkConfig, cfg["chunk"], "chunk")
-    # Every weight comes from policy.safetensors: a pretrained ViT file named in the config need not exist here.
-    mm = chunk.multimodal
-    chunk = replace(chunk, multimodal=replace(mm, vit=replace(mm.vit, pretrained=None)))
+    if isinstance(chunk.encoder, MultimodalEncoderConfig):
+        # Every weight comes from policy.safetensors: a pretrained ViT file named in the config need not exist here.
+        enc = chunk.encoder
+        chunk = replace(chunk, encoder=replace(enc, vit=replace(enc.vit, pretrained=None)))
     policy = cls(chunk, from_dict(cfg_cls, cfg["config"], "config"), cfg["obs_dims"], int(cfg["action_dim"]), None)
     try:
         state = load_file(str(w_path), device=device)

@@ -13,24 +13,26 @@ it, so the user never repeats what the dataset already says.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dmrl.models.language import LanguageConfig, LanguageEncoder
-from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig
+from dmrl.models.multimodal import MODALITIES, MultimodalEncoder, MultimodalEncoderConfig, MultimodalGeometry
 from dmrl.models.proprio import LowDimEncoder, LowDimEncoderConfig
 from dmrl.types import OBS_MODES
 
 VECTOR_KEYS = ("joints", "force", "state")
 FRAME_KEYS = ("rgb", "depth")
 TEXT_KEYS = ("instruction",)
-ENCODER_TYPES = ("lowdim", "multimodal")
 ObsDim = int | tuple[int, ...]
+
+
+ENCODERS: dict[str, type] = {"lowdim": LowDimEncoderConfig, "multimodal": MultimodalEncoderConfig}
+"""--chunk.encoder.type name -> the observation encoder's config class."""
 
 
 class EncoderSpec(Protocol):
@@ -40,20 +42,17 @@ class EncoderSpec(Protocol):
     """
 
     obs_keys: tuple[str, ...]
-    encoder_type: str
     n_obs_steps: int
-    encoder: LowDimEncoderConfig
-    multimodal: MultimodalEncoderConfig
-    language: LanguageConfig
+    encoder: LowDimEncoderConfig | MultimodalEncoderConfig
 
 
-SpecT = TypeVar("SpecT", bound=EncoderSpec)
+def encoder_name(encoder: object) -> str:
+    """The --chunk.encoder.type name of an encoder config (lowdim or multimodal)."""
+    return next(name for name, cls in ENCODERS.items() if type(encoder) is cls)
 
 
 def check_obs_keys(obs_keys: tuple[str, ...], encoder_type: str) -> None:
-    """One-line ValueError for keys no encoder of ``encoder_type`` can read."""
-    if encoder_type not in ENCODER_TYPES:
-        raise ValueError(f"chunk.encoder_type: got {encoder_type!r}; allowed: {', '.join(ENCODER_TYPES)}")
+    """One-line ValueError for keys no encoder of ``encoder_type`` (a name of ENCODERS) can read."""
     bad = [k for k in obs_keys if k not in OBS_MODES]
     if not obs_keys or bad or len(set(obs_keys)) != len(obs_keys):
         raise ValueError(f"chunk.obs_keys: got {obs_keys}; allowed distinct names of {', '.join(OBS_MODES)}")
@@ -61,7 +60,7 @@ def check_obs_keys(obs_keys: tuple[str, ...], encoder_type: str) -> None:
         rich = [k for k in obs_keys if k not in VECTOR_KEYS]
         if rich:
             raise ValueError(
-                f"chunk.obs_keys: {', '.join(rich)} need chunk.encoder_type multimodal "
+                f"chunk.obs_keys: {', '.join(rich)} need chunk.encoder.type multimodal "
                 f"(the lowdim MLP reads only {', '.join(VECTOR_KEYS)})"
             )
     else:
@@ -69,7 +68,7 @@ def check_obs_keys(obs_keys: tuple[str, ...], encoder_type: str) -> None:
         if unsupported:
             raise ValueError(
                 f"chunk.obs_keys: {', '.join(unsupported)} is not read by the multimodal encoder "
-                f"(allowed: {', '.join(MODALITIES)}); drop it or use chunk.encoder_type lowdim"
+                f"(allowed: {', '.join(MODALITIES)}); drop it or use chunk.encoder.type lowdim"
             )
 
 
@@ -104,13 +103,10 @@ def checked_obs_dims(obs_dims: Mapping[str, object], obs_keys: Sequence[str]) ->
     return out
 
 
-def resolve_multimodal(
-    config: MultimodalEncoderConfig, obs_keys: tuple[str, ...], n_obs_steps: int, obs_dims: Mapping[str, ObsDim]
-) -> MultimodalEncoderConfig:
-    """``config`` with modalities, To, image size, cameras, J and F taken from the policy's keys and ``obs_dims``.
-
-    These fields of a user's config are replaced, never merged: the data decides them.
-    """
+def multimodal_geometry(
+    obs_keys: tuple[str, ...], n_obs_steps: int, obs_dims: Mapping[str, ObsDim]
+) -> MultimodalGeometry:
+    """The multimodal encoder's modalities, To, image size, cameras, J and F, from the policy's keys and obs_dims."""
     geometry: dict[str, object] = {"modalities": obs_keys, "n_obs_steps": n_obs_steps}
     frames = {k: obs_dims[k] for k in FRAME_KEYS if k in obs_keys}
     if frames:
@@ -125,34 +121,34 @@ def resolve_multimodal(
     for k in ("joints", "force"):
         if k in obs_keys:
             geometry[f"{k}_dim"] = obs_dims[k]
-    return dataclasses.replace(config, **geometry)
+    return MultimodalGeometry(**geometry)  # type: ignore[arg-type]
 
 
 def build_encoder(
-    chunk: SpecT, obs_dims: Mapping[str, ObsDim], text_encoder: nn.Module | None = None
-) -> tuple[LowDimEncoder | MultimodalEncoder, SpecT]:
-    """The observation encoder ``chunk`` asks for, and the chunk with its multimodal geometry resolved.
+    chunk: EncoderSpec, obs_dims: Mapping[str, ObsDim], text_encoder: nn.Module | None = None
+) -> LowDimEncoder | MultimodalEncoder:
+    """The observation encoder ``chunk.encoder`` asks for, shaped by ``obs_dims``.
 
     lowdim: LowDimEncoder over the vector keys (normalised obs {key: (B, To, dim)} -> (B, D)). multimodal:
-    MultimodalEncoder (obs -> EncoderOutput tokens (B, K, D), mask (B, K), pooled (B, D)), with a LanguageEncoder
-    built from chunk.language when instruction is a key, unless ``text_encoder`` is given. A policy's action head and
-    a critic build theirs the same way.
+    MultimodalEncoder (obs -> EncoderOutput tokens (B, K, D), mask (B, K), pooled (B, D)) with the geometry read off
+    the keys, To and ``obs_dims``, and a LanguageEncoder built from chunk.encoder.language when instruction is a key,
+    unless ``text_encoder`` is given. A policy's action head and a critic build theirs the same way.
     """
-    if chunk.encoder_type == "lowdim":
+    enc = chunk.encoder
+    if isinstance(enc, LowDimEncoderConfig):
         if text_encoder is not None:
             raise ValueError("text_encoder given, but the lowdim encoder reads no instruction")
         vector_dims = {k: int(obs_dims[k]) for k in chunk.obs_keys if k in VECTOR_KEYS}  # type: ignore[call-overload]
-        return LowDimEncoder(vector_dims, chunk.n_obs_steps, chunk.encoder), chunk
-    mm = resolve_multimodal(chunk.multimodal, chunk.obs_keys, chunk.n_obs_steps, obs_dims)
-    chunk = dataclasses.replace(chunk, multimodal=mm)
+        return LowDimEncoder(vector_dims, chunk.n_obs_steps, enc)
+    geometry = multimodal_geometry(chunk.obs_keys, chunk.n_obs_steps, obs_dims)
     if "instruction" in chunk.obs_keys and text_encoder is None:
-        text_encoder = LanguageEncoder(chunk.language)
+        text_encoder = LanguageEncoder(enc.language)
     given = getattr(text_encoder, "config", None)
-    if isinstance(given, LanguageConfig) and given != chunk.language:
+    if isinstance(given, LanguageConfig) and given != enc.language:
         raise ValueError(
-            "text_encoder: its LanguageConfig differs from chunk.language (a checkpoint would misstate it)"
+            "text_encoder: its LanguageConfig differs from chunk.encoder.language (a checkpoint would misstate it)"
         )
-    return MultimodalEncoder(mm, text_encoder), chunk
+    return MultimodalEncoder(enc, geometry, text_encoder)
 
 
 def is_single(key: str, value: object) -> bool:

@@ -15,7 +15,7 @@ import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from dmrl.algos.bc import BCConfig
 from dmrl.config_utils import merge, to_dict
@@ -35,8 +35,12 @@ POLICY_LABELS = {  # (table name, action generation), in the seed write-up's ter
 }
 
 
+C = TypeVar("C", bound=ChunkConfig)
+T = TypeVar("T", bound="CompareTrainConfig")
+
+
 @dataclass
-class CompareTrainConfig:
+class CompareTrainConfig(Generic[C]):
     """What every training run of the comparison shares; dataset, run directory, policy type and learning rate
     (swept by --lrs) are set per run."""
 
@@ -52,7 +56,8 @@ class CompareTrainConfig:
     """Linear learning-rate warm-up, then cosine decay to 0."""
     ema_decay: float = 0.995
     """Decay of the exported weights' moving average (warmed up)."""
-    chunk: ChunkConfig = field(default_factory=ChunkConfig)
+    chunk: C = field(default_factory=ChunkConfig)  # type: ignore[assignment]
+    """Horizons, observation keys and their encoder, the same for every policy."""
     diffusion: DiffusionPolicyConfig = field(default_factory=DiffusionPolicyConfig)
     gaussian: GaussianPolicyConfig = field(default_factory=GaussianPolicyConfig)
     vae: VAEPolicyConfig = field(default_factory=VAEPolicyConfig)
@@ -78,7 +83,7 @@ class CompareTrainConfig:
 
 
 @dataclass
-class CompareConfig:
+class CompareConfig(Generic[T]):
     """``dmrl compare``: the policy comparison on one dataset, same encoder, data and budget for every policy."""
 
     out: Path = Path("outputs/compare")
@@ -103,7 +108,7 @@ class CompareConfig:
     """Save a GIF of two evaluation rollouts per policy."""
     parallel: int = 2
     """Trainings run at once (each single-threaded)."""
-    train: CompareTrainConfig = field(default_factory=CompareTrainConfig)
+    train: T = field(default_factory=CompareTrainConfig)  # type: ignore[assignment]
     """Settings of every training run."""
     overwrite: bool = True
     """Reuse --out (its runs are replaced)."""

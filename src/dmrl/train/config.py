@@ -126,10 +126,11 @@ SOURCE_TYPES: dict[str, type] = {"offline": OfflineConfig, "online": OnlineConfi
 P = TypeVar("P")
 A = TypeVar("A")
 S = TypeVar("S")
+C = TypeVar("C", bound=ChunkConfig)
 
 
 @dataclasses.dataclass
-class TrainConfig(Generic[P, A, S]):
+class TrainConfig(Generic[P, A, S, C]):
     """``dmrl train``: a chunk policy trained by an algorithm on an episode store (offline) or on collected
     experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type {bc,diffusion-ql,td3-bc}
     and --source.type {offline,online}; this help lists the chosen types' flags."""
@@ -156,7 +157,8 @@ class TrainConfig(Generic[P, A, S]):
     """Replace an existing run directory."""
     resume: bool = False
     """Continue the run in --out from its newest state; the config must match."""
-    chunk: ChunkConfig = dataclasses.field(default_factory=ChunkConfig)
+    chunk: C = dataclasses.field(default_factory=ChunkConfig)  # type: ignore[assignment]
+    """Horizons, observation keys and their encoder (--chunk.encoder.type lowdim | multimodal)."""
     policy: P = choice(POLICY_TYPES, "diffusion")
     """The policy (--policy.type diffusion | gaussian | vae)."""
     algo: A = choice(ALGO_TYPES, "bc")

@@ -76,7 +76,7 @@ def check_drop(policy: ChunkPolicy, drop: tuple[str, ...]) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"--drop-modality {unknown[0]}: the policy does not read it (its keys: {', '.join(keys)})")
     if policy.chunk.encoder_type != "multimodal":
-        raise ValueError("--drop-modality needs a policy with chunk.encoder_type multimodal (lowdim cannot mask a key)")
+        raise ValueError("--drop-modality needs a policy with chunk.encoder.type multimodal (lowdim cannot mask a key)")
     if set(drop) >= set(keys):
         raise ValueError(f"--drop-modality: dropping {', '.join(drop)} leaves the policy no observation")
     return drop
