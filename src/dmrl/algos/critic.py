@@ -24,20 +24,20 @@ from dmrl.policies.observations import build_encoder
 
 @dataclass
 class CriticConfig:
-    """Q ensemble, discount and target-network speed of the chunk critic (shared by diffusion-ql and td3-bc)."""
+    """Chunk critic: Q ensemble, discount and target speed."""
 
     n_critics: int = 2
-    """E: Q heads; targets and the actor's best-of-N use their minimum (clipped double Q)."""
+    """E: Q heads; targets use their minimum (clipped double Q)."""
     hidden: int = 256
     """Width of each Q head's hidden layers."""
     depth: int = 3
     """Hidden layers per Q head."""
     layer_norm: bool = True
-    """LayerNorm after each hidden layer (keeps offline Q values from blowing up on out-of-data actions)."""
+    """LayerNorm after each hidden layer."""
     tau: float = 0.005
-    """Polyak rate of the target critic (and of td3-bc's target actor): target += tau * (online - target)."""
+    """Polyak rate of the target networks."""
     gamma: float = 0.99
-    """Discount per env step; a chunk of Ta steps is discounted by gamma ** Ta."""
+    """Discount per env step (gamma ** Ta per chunk)."""
 
     def __post_init__(self) -> None:
         if self.n_critics < 1 or self.hidden < 8 or self.depth < 1:

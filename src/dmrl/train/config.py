@@ -43,15 +43,15 @@ class OfflineConfig:
     """Train on the episode store's windows (behaviour cloning) or chunk transitions (offline RL)."""
 
     val_fraction: float = 0.05
-    """Fraction of episodes held out for the validation loss."""
+    """Episodes held out for validation."""
     val_every: int = 1000
-    """Steps between validation losses (and at the last step)."""
+    """Steps between validation losses."""
     num_workers: int = 0
     """DataLoader worker processes."""
     cache_images: bool = False
-    """Hold the store's rgb/depth in memory instead of decompressing zarr chunks per sample."""
+    """Decode images once, into memory."""
     curve_every: int = 0
-    """Steps between learning-curve points (0: none): curve_episodes evaluation episodes, logged as curve_*."""
+    """Steps between learning-curve points."""
     curve_episodes: int = 20
     """Episodes per learning-curve point."""
 
@@ -76,29 +76,27 @@ class OnlineConfig:
     --steps counts updates and --dataset gives the normaliser statistics and shapes."""
 
     n_collectors: int = 2
-    """Collector processes, each acting with the newest published actor."""
+    """Collector processes."""
     envs_per_collector: int = 1
     """Envs per collector, stepped one after another."""
     publish_every: int = 10
-    """Updates between publishing the actor's weights to the collectors."""
+    """Updates between publishing the actor's weights."""
     learning_starts: int = 1000
-    """Chunk transitions in the replay buffer before the first update."""
+    """Chunk transitions in replay before the first update."""
     env_steps: int = 0
     """Stop after this many env steps in total (0: no limit)."""
     eval_every: int = 0
-    """Updates between evaluations of an actor snapshot (0: none)."""
+    """Updates between snapshot evaluations (0: none)."""
     eval_episodes: int = 4
     """Episodes per evaluation, from --eval-seed."""
     exploration_noise: float = 0.1
-    """Std of Gaussian noise on the collectors' actions (then clipped to [-1, 1])."""
+    """Std of Gaussian noise on collectors' actions."""
     max_episode_steps: int = 0
     """Env steps per episode (0: the env's default)."""
     prefill_from_dataset: bool = False
-    """Copy --dataset's chunk transitions into the replay before collecting (RLPD); they count toward
-    learning_starts."""
+    """Start the replay with --dataset's transitions (RLPD)."""
     bc_data: str = "replay"
-    """What diffusion-ql's BC term imitates: replay (the replay batch) or successes (successful episodes only,
-    self-imitation)."""
+    """BC term's data: replay or successes (self-imitation)."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
 
     def __post_init__(self) -> None:
@@ -136,27 +134,27 @@ class TrainConfig(Generic[P, A, S, C]):
     and --source.type {offline,online}; this help lists the chosen types' flags."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
-    """Episode store written by ``dmrl collect`` (online: its normaliser statistics and shapes)."""
+    """Episode store from dmrl collect."""
     out: Path = Path("runs/bc")
-    """Run directory: config.json, metrics.jsonl, tb/, state/ (resumable), checkpoint/ (policy)."""
+    """Run directory: metrics, tb/, state/, checkpoint/."""
     steps: int = 5000
     """Optimizer steps (online: updates)."""
     batch_size: int = 256
-    """Samples per optimizer step, summed over micro-batches and ranks."""
+    """Samples per step over all ranks."""
     seed: int = 0
-    """Seed of initialisation, data order and sampling noise."""
+    """RNG seed (init, data order, noise)."""
     init: Path | None = None
-    """Start the policy from this checkpoint (e.g. a BC run's checkpoint/); chunk and policy must match."""
+    """Policy checkpoint to start from."""
     eval_episodes: int = 0
-    """Evaluation episodes after training (0: none), seeds eval_seed, eval_seed + 1, ..."""
+    """Evaluation episodes after training."""
     eval_seed: int = 100_000
-    """First evaluation seed (far from the dataset's collection seeds)."""
+    """First evaluation seed."""
     eval_envs: int = 8
-    """Evaluation environments, stepped in lockstep in worker processes."""
+    """Evaluation envs (worker processes)."""
     overwrite: bool = False
-    """Replace an existing run directory."""
+    """Replace an existing run."""
     resume: bool = False
-    """Continue the run in --out from its newest state; the config must match."""
+    """Continue the run in --out."""
     chunk: C = dataclasses.field(default_factory=ChunkConfig)  # type: ignore[assignment]
     """Horizons, observation keys and their encoder (--chunk.encoder.type lowdim | multimodal)."""
     policy: P = choice(POLICY_TYPES, "diffusion")
