@@ -99,7 +99,7 @@ def _tiny_store(path, n_episodes: int = 4, length: int = 12) -> EpisodeStore:
 
 def test_update_on_tiny_offline_data_and_critic_learns_a_fixed_batch(tmp_path):
     store = _tiny_store(tmp_path / "s.zarr")
-    ds = ChunkTransitionDataset(store, ["state"], horizon_obs=2, horizon_pred=8, horizon_exec=4)
+    ds = ChunkTransitionDataset(store, ["state"], n_obs_steps=2, horizon=8, n_action_steps=4)
     actor = diffusion_actor(steps=3)
     algo = DiffusionQL(
         actor, tiny_critic(actor), DiffusionQLConfig(grad_steps_through_chain=2, critic_lr=3e-3), engine()

@@ -55,7 +55,7 @@ def _dp_reference(
 
 
 def test_hand_computed_windows_L5_To2_Tp4_Ta2(indexed_store):
-    ds = SequenceDataset(indexed_store, ["state", "rgb"], horizon_obs=2, horizon_pred=4, horizon_exec=2, episodes=[0])
+    ds = SequenceDataset(indexed_store, ["state", "rgb"], n_obs_steps=2, horizon=4, n_action_steps=2, episodes=[0])
     assert len(ds) == 4  # L - Tp + To + Ta - 1, windows s = -1 .. 2
     first, last = ds[0], ds[3]
     assert first["obs"]["state"][:, 0].tolist() == [0, 0]
@@ -71,7 +71,7 @@ def test_hand_computed_windows_L5_To2_Tp4_Ta2(indexed_store):
 
 @pytest.mark.parametrize(("To", "Tp", "Ta"), [(2, 4, 2), (1, 3, 1), (3, 8, 4), (2, 16, 8)])
 def test_windows_match_diffusion_policy_sampler(indexed_store, To, Tp, Ta):
-    ds = SequenceDataset(indexed_store, ["state"], horizon_obs=To, horizon_pred=Tp, horizon_exec=Ta)
+    ds = SequenceDataset(indexed_store, ["state"], n_obs_steps=To, horizon=Tp, n_action_steps=Ta)
     expected = [(e, w) for e, L in enumerate([5, 3, 9]) for w in _dp_reference(L, To, Tp, Ta)]
     assert len(ds) == len(expected)
     for i, (e, (window, mask)) in enumerate(expected):
@@ -85,9 +85,7 @@ def test_windows_match_diffusion_policy_sampler(indexed_store, To, Tp, Ta):
 
 @pytest.mark.parametrize(("To", "Tp", "Ta", "pad_after"), [(2, 4, 2, 2), (2, 16, 8, 14), (1, 3, 1, 0), (3, 8, 4, 5)])
 def test_pad_after_windows_match_the_sampler_and_reach_the_last_step(indexed_store, To, Tp, Ta, pad_after):
-    ds = SequenceDataset(
-        indexed_store, ["state"], horizon_obs=To, horizon_pred=Tp, horizon_exec=Ta, pad_after=pad_after
-    )
+    ds = SequenceDataset(indexed_store, ["state"], n_obs_steps=To, horizon=Tp, n_action_steps=Ta, pad_after=pad_after)
     expected = [(e, w) for e, L in enumerate([5, 3, 9]) for w in _dp_reference(L, To, Tp, Ta, pad_after)]
     assert len(ds) == len(expected)
     for i, (e, (window, mask)) in enumerate(expected):
@@ -98,24 +96,22 @@ def test_pad_after_windows_match_the_sampler_and_reach_the_last_step(indexed_sto
         current = {(int(ds[i]["episode"]), int(ds[i]["obs"]["state"][-1, 0]) % 100) for i in range(len(ds))}
         assert current == {(e, t) for e, L in enumerate([5, 3, 9]) for t in range(L)}
     with pytest.raises(ValueError, match="pad_after"):
-        SequenceDataset(
-            indexed_store, ["state"], horizon_obs=To, horizon_pred=Tp, horizon_exec=Ta, pad_after=Tp - To + 1
-        )
+        SequenceDataset(indexed_store, ["state"], n_obs_steps=To, horizon=Tp, n_action_steps=Ta, pad_after=Tp - To + 1)
 
 
 def test_instruction_and_errors(indexed_store):
-    ds = SequenceDataset(indexed_store, ["rgb", "state", "instruction"], horizon_pred=4, horizon_exec=2)
+    ds = SequenceDataset(indexed_store, ["rgb", "state", "instruction"], horizon=4, n_action_steps=2)
     item = ds[0]
     assert item["obs"]["instruction"] == indexed_store.instructions()[0]
     assert item["obs"]["rgb"].dtype == torch.uint8  # raw: the policy's encoders scale images themselves
     with pytest.raises(StoreError, match="no modality 'depth'"):
         SequenceDataset(indexed_store, ["depth"])
     with pytest.raises(ValueError, match="Ta <= Tp - To \\+ 1"):
-        SequenceDataset(indexed_store, ["state"], horizon_obs=2, horizon_pred=4, horizon_exec=4)
+        SequenceDataset(indexed_store, ["state"], n_obs_steps=2, horizon=4, n_action_steps=4)
 
 
 def test_dataloader_with_workers_and_pickling(indexed_store):
-    ds = SequenceDataset(indexed_store.path, ["rgb", "state", "instruction"], horizon_pred=4, horizon_exec=2)
+    ds = SequenceDataset(indexed_store.path, ["rgb", "state", "instruction"], horizon=4, n_action_steps=2)
     clone = pickle.loads(pickle.dumps(ds))  # what a spawn worker gets: zarr handles reopened lazily
     for i in (0, len(ds) - 1):
         for k in ("rgb", "state"):
@@ -129,7 +125,7 @@ def test_dataloader_with_workers_and_pickling(indexed_store):
         assert batch["action_mask"].shape == (b, 4) and len(batch["obs"]["instruction"]) == b
         n += b
     assert n == len(ds)
-    cached = SequenceDataset(indexed_store, ["rgb"], horizon_pred=4, horizon_exec=2, cache_images=True)
+    cached = SequenceDataset(indexed_store, ["rgb"], horizon=4, n_action_steps=2, cache_images=True)
     torch.testing.assert_close(cached[5]["obs"]["rgb"], ds[5]["obs"]["rgb"])
 
 

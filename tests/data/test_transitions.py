@@ -37,7 +37,7 @@ def store(store_path):
 
 
 def test_docstring_example_terminated_L5_To2_Tp3_Ta2(store):
-    ds = ChunkTransitionDataset(store, ["state", "rgb"], horizon_obs=2, horizon_pred=3, horizon_exec=2, episodes=[0])
+    ds = ChunkTransitionDataset(store, ["state", "rgb"], n_obs_steps=2, horizon=3, n_action_steps=2, episodes=[0])
     assert len(ds) == 5  # t = 0 .. 4
     rows = [ds[i] for i in range(5)]
     assert rows[0]["reward"].tolist() == [0, 1] and rows[0]["valid"].tolist() == [True, True]
@@ -52,13 +52,13 @@ def test_docstring_example_terminated_L5_To2_Tp3_Ta2(store):
     for r in rows:  # valid is the executed part of action_mask; obs/action as SequenceDataset
         assert r["valid"].tolist() == r["action_mask"][1:3].tolist()
         assert r["reward"].dtype == torch.float32 and r["done"].dtype == r["valid"].dtype == torch.bool
-    plain = SequenceDataset(store, ["state", "rgb"], horizon_obs=2, horizon_pred=3, horizon_exec=2, episodes=[0])
+    plain = SequenceDataset(store, ["state", "rgb"], n_obs_steps=2, horizon=3, n_action_steps=2, episodes=[0])
     torch.testing.assert_close(rows[2]["obs"]["state"], plain[2]["obs"]["state"])
     torch.testing.assert_close(rows[2]["action"], plain[2]["action"])
 
 
 def test_truncated_episode_has_no_done_and_bootstraps_from_final(store):
-    ds = ChunkTransitionDataset(store, ["state"], horizon_obs=2, horizon_pred=3, horizon_exec=2, episodes=[1])
+    ds = ChunkTransitionDataset(store, ["state"], n_obs_steps=2, horizon=3, n_action_steps=2, episodes=[1])
     assert not any(ds[i]["done"].any() for i in range(len(ds)))
     assert ds[3]["next_valid"].item() is True and ds[3]["next_obs"]["state"][:, 0].tolist() == [104, 199]
     assert ds[3]["reward"].tolist() == [103, 104]
@@ -66,14 +66,14 @@ def test_truncated_episode_has_no_done_and_bootstraps_from_final(store):
 
 def test_first_window_and_long_obs_history_clamp_at_zero(store):
     # To=3 > Ta=1: the next window of t=0 starts before the episode and repeats frame 0, as act()'s fresh history.
-    ds = ChunkTransitionDataset(store, ["state"], horizon_obs=3, horizon_pred=4, horizon_exec=1, episodes=[0])
+    ds = ChunkTransitionDataset(store, ["state"], n_obs_steps=3, horizon=4, n_action_steps=1, episodes=[0])
     first = ds[0]
     assert first["obs"]["state"][:, 0].tolist() == [0, 0, 0] and first["next_obs"]["state"][:, 0].tolist() == [0, 0, 1]
     assert first["reward"].tolist() == [0] and first["next_valid"].item() is True
 
 
 def test_final_frames_pickling_and_collate(store):
-    ds = ChunkTransitionDataset(store.path, ["state", "rgb"], horizon_obs=2, horizon_pred=3, horizon_exec=2)
+    ds = ChunkTransitionDataset(store.path, ["state", "rgb"], n_obs_steps=2, horizon=3, n_action_steps=2)
     last = ds[4]  # episode 0, next frames [final, final]
     np.testing.assert_array_equal(last["next_obs"]["state"][0].numpy(), np.full(5, 99, np.float32))
     assert last["next_obs"]["rgb"].dtype == torch.uint8

@@ -59,25 +59,26 @@ class SequenceDataset(Dataset):
         self,
         store: EpisodeStore | str | Path,
         obs_keys: Sequence[str],
-        horizon_obs: int = 2,
-        horizon_pred: int = 16,
-        horizon_exec: int = 8,
+        n_obs_steps: int = 2,
+        horizon: int = 16,
+        n_action_steps: int = 8,
         episodes: Sequence[int] | np.ndarray | None = None,
         cache_images: bool = False,
         pad_after: int | None = None,
     ) -> None:
-        To, Tp, Ta = horizon_obs, horizon_pred, horizon_exec
+        To, Tp, Ta = n_obs_steps, horizon, n_action_steps
         if To < 1 or Tp < To or not 1 <= Ta <= Tp - To + 1:
             raise ValueError(
-                f"horizons: got To={To}, Tp={Tp}, Ta={Ta}; need To >= 1, Tp >= To and 1 <= Ta <= Tp - To + 1"
+                f"horizons: got chunk.n_obs_steps (To) {To}, chunk.horizon (Tp) {Tp}, chunk.n_action_steps (Ta) {Ta}; "
+                "need To >= 1, Tp >= To and 1 <= Ta <= Tp - To + 1"
             )
         self.pad_after = Ta - 1 if pad_after is None else int(pad_after)
         if not 0 <= self.pad_after <= Tp - To:
-            raise ValueError(f"pad_after: got {pad_after}; allowed None (Ta - 1) or 0 .. Tp - To = {Tp - To}")
+            raise ValueError(f"chunk.pad_after: got {pad_after}; allowed None (Ta - 1) or 0 .. Tp - To = {Tp - To}")
         self._store: EpisodeStore | None = store if isinstance(store, EpisodeStore) else None
         store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
         self.path = store.path
-        self.horizon_obs, self.horizon_pred, self.horizon_exec = To, Tp, Ta
+        self.n_obs_steps, self.horizon, self.n_action_steps = To, Tp, Ta
         self.with_instruction = "instruction" in obs_keys
         if self.with_instruction and "instruction" not in store.obs_modes:
             raise StoreError(
@@ -111,7 +112,7 @@ class SequenceDataset(Dataset):
 
     def _build_index(self, ends: np.ndarray) -> np.ndarray:
         """(S, 4) int64 rows of (episode, episode start step, episode length, window start s)."""
-        To, Tp = self.horizon_obs, self.horizon_pred
+        To, Tp = self.n_obs_steps, self.horizon
         rows = []
         for e in self.episodes.tolist():
             start = int(ends[e - 1]) if e else 0
@@ -126,9 +127,9 @@ class SequenceDataset(Dataset):
     def window_steps(self, i: int) -> tuple[int, np.ndarray, np.ndarray, np.ndarray]:
         """(episode, obs steps (To,), action steps (Tp,), action_mask (Tp,)); steps are episode-relative."""
         e, _, length, s = (int(v) for v in self._index[i])
-        steps = np.arange(s, s + self.horizon_pred)
+        steps = np.arange(s, s + self.horizon)
         clipped = np.clip(steps, 0, length - 1)  # repeat-edge padding is exactly index clamping
-        return e, clipped[: self.horizon_obs], clipped, (steps >= 0) & (steps < length)
+        return e, clipped[: self.n_obs_steps], clipped, (steps >= 0) & (steps < length)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         e, obs_steps, act_steps, mask = self.window_steps(i)

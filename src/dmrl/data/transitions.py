@@ -46,14 +46,14 @@ class ChunkTransitionDataset(SequenceDataset):
         self,
         store: EpisodeStore | str | Path,
         obs_keys: Sequence[str],
-        horizon_obs: int = 2,
-        horizon_pred: int = 16,
-        horizon_exec: int = 8,
+        n_obs_steps: int = 2,
+        horizon: int = 16,
+        n_action_steps: int = 8,
         episodes: Sequence[int] | np.ndarray | None = None,
         cache_images: bool = False,
     ) -> None:
         store = store if isinstance(store, EpisodeStore) else EpisodeStore.open(store, "r")
-        super().__init__(store, obs_keys, horizon_obs, horizon_pred, horizon_exec, episodes, cache_images)
+        super().__init__(store, obs_keys, n_obs_steps, horizon, n_action_steps, episodes, cache_images)
         n, n_eps = store.n_steps, store.n_episodes
         self._rewards = np.asarray(store.array("rewards")[:n], dtype=np.float32)
         self._terminated = np.asarray(store.terminated, dtype=bool)
@@ -70,7 +70,7 @@ class ChunkTransitionDataset(SequenceDataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         item = super().__getitem__(i)
         e, start, length, s = (int(v) for v in self._index[i])
-        to, ta = self.horizon_obs, self.horizon_exec
+        to, ta = self.n_obs_steps, self.n_action_steps
         t = s + to - 1  # the current step: the window's last observed frame
         steps = t + np.arange(ta)  # (Ta,) the executed steps
         valid = steps < length

@@ -41,9 +41,9 @@ class OfflineSource:
         c = cfg.chunk
         ds_kw: dict[str, Any] = dict(
             obs_keys=(*c.obs_keys, "state") if c.aux_state else c.obs_keys,  # state: aux targets, never an input
-            horizon_obs=c.n_obs_steps,
-            horizon_pred=c.horizon,
-            horizon_exec=c.n_action_steps,
+            n_obs_steps=c.n_obs_steps,
+            horizon=c.horizon,
+            n_action_steps=c.n_action_steps,
         )
         if cfg.batches == "windows":
             self.train_ds: Any = SequenceDataset(
