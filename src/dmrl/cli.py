@@ -96,7 +96,7 @@ def _parse(cls: type, argv: list[str], prog: str, default=None):
     from dmrl.config_utils import choices, cli_type, pop_type_flags
 
     parsed_type = cls
-    if choices(cls):
+    if choices(cls) or getattr(cls, "__parameters__", ()):  # choice fields, or generic ones (compare: train)
         default = cls() if default is None else default
         default, argv = pop_type_flags(default, argv)
         parsed_type = cli_type(cls, default)
