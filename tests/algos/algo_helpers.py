@@ -19,7 +19,7 @@ def diffusion_actor(steps: int = 4, eta: float = 0.0):
         denoiser_kwargs={"hidden_dim": 32, "n_blocks": 1},
         num_train_steps=20,
         num_inference_steps=steps,
-        eta=eta,
+        ddim_eta=eta,
         prediction_type="hybrid",  # explicit: the tests' fixed batches were chosen with it
     )
     return build_policy("diffusion", CHUNK, cfg, OBS_DIMS, DA)

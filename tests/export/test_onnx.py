@@ -39,7 +39,7 @@ def _policy(policy: str = "diffusion", **diffusion) -> torch.nn.Module:
     "settings",
     [
         {"prediction_type": "sample", "num_inference_steps": 4},
-        {"prediction_type": "hybrid", "num_inference_steps": 3, "eta": 1.0},  # stochastic: step_noise input
+        {"prediction_type": "hybrid", "num_inference_steps": 3, "ddim_eta": 1.0},  # stochastic: step_noise input
     ],
     ids=["x0-ddim", "hybrid-stochastic"],
 )
@@ -49,7 +49,7 @@ def test_onnxruntime_matches_torch_on_fresh_inputs(tmp_path, settings):
     report = export_onnx(policy, path, batch_size=2)
     assert report.max_abs_diff < 1e-5 and path.is_file()
     spec = json.loads((tmp_path / "p.onnx.json").read_text())["inputs"]
-    assert ("step_noise" in spec) == (settings.get("eta", 0.0) > 0)
+    assert ("step_noise" in spec) == (settings.get("ddim_eta", 0.0) > 0)
     planner = OnnxPlanner(path)
     graph = ChunkGraph(policy)
     for seed in (1, 2):  # not the inputs the export checked itself on

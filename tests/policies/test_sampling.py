@@ -18,7 +18,7 @@ def _diffusion(eta: float, prediction_type: str = "hybrid", sample_head: str = "
         denoiser_kwargs={"hidden_dim": 32, "n_blocks": 1},
         num_train_steps=20,
         num_inference_steps=S,
-        eta=eta,
+        ddim_eta=eta,
         prediction_type=prediction_type,
         sample_head=sample_head,
     )

@@ -58,6 +58,7 @@ def test_diffusion_ql_train_eval_and_init_from_bc(tmp_path, dataset, capsys):
         "--chunk.n-action-steps",
         "2",
     ]
+    capsys.readouterr()  # eval's progress lines
     assert _train(dataset, tmp_path / "bad", *bad, *DIFFUSION) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "chunk.n_action_steps" in err[0], err

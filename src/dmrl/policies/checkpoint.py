@@ -45,7 +45,8 @@ def _chunk_1_to_2(cfg: dict[str, Any]) -> dict[str, Any]:
     """Format 1 -> 2: the encoder became a choice. chunk {encoder_type, encoder (lowdim), multimodal, language}
     -> chunk {encoder: {type: lowdim, ...}} or {encoder: {type: multimodal, ..., language, experimental}}; the
     multimodal geometry is dropped, LanguageConfig.cache_size too (an LRU bound, no effect on the weights), and
-    instruction_pool moves under the encoder's experimental settings."""
+    instruction_pool moves under the encoder's experimental settings; the diffusion policy's DDIM ``eta`` is
+    ``ddim_eta``."""
     chunk = cfg["chunk"]
     kind = chunk.pop("encoder_type", "lowdim")  # checkpoints older than the multimodal encoder have none
     lowdim = chunk.pop("encoder", {})
@@ -61,6 +62,8 @@ def _chunk_1_to_2(cfg: dict[str, Any]) -> dict[str, Any]:
             {"instruction_pool": multimodal.pop("instruction_pool")} if "instruction_pool" in multimodal else {}
         )
         chunk["encoder"] = {"type": kind, **multimodal, "language": language, "experimental": experimental}
+    if cfg.get("policy") == "diffusion" and "eta" in cfg.get("config", {}):
+        cfg["config"]["ddim_eta"] = cfg["config"].pop("eta")  # renamed apart from Diffusion-QL's Q weight eta
     return cfg
 
 

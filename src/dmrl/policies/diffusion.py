@@ -48,8 +48,8 @@ class DiffusionPolicyConfig:
     """T: diffusion steps in training."""
     num_inference_steps: int = 10
     """S: DDIM steps at inference (1..T)."""
-    eta: float = 0.0
-    """DDIM noise (0: none, 1: DDPM-like)."""
+    ddim_eta: float = 0.0
+    """DDIM sampling noise η (0: deterministic, 1: DDPM-like)."""
     timestep_spacing: str = "trailing"
     """trailing or leading DDIM steps."""
     hybrid: HybridWeights = field(default_factory=HybridWeights)
@@ -110,7 +110,7 @@ class DiffusionPolicy(ChunkPolicy):
             **config.denoiser_kwargs,
         )
         self.schedule = make_schedule(config.schedule, num_train_steps=config.num_train_steps)
-        self.set_sampler(config.num_inference_steps, config.eta)
+        self.set_sampler(config.num_inference_steps, config.ddim_eta)
 
     def set_sampler(self, num_steps: int, eta: float | None = None, head: str | None = None) -> None:
         """Switch the DDIM step count, eta and (hybrid) sampling head used by ``act`` / ``predict_chunk``."""
@@ -122,7 +122,7 @@ class DiffusionPolicy(ChunkPolicy):
         self.sampler = DDIMSampler(
             self.schedule,
             num_steps=num_steps,
-            eta=self.config.eta if eta is None else eta,
+            eta=self.config.ddim_eta if eta is None else eta,
             pred_type=pred_type,
             clip_sample=True,
             timestep_spacing=self.config.timestep_spacing,
