@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -51,6 +51,32 @@ RESUME_MAY_DIFFER = {
     "engine.save_every",
     "engine.keep_last",
 }
+
+
+class DataSource(Protocol):
+    """Where the loop's batches come from: OfflineSource (dmrl.train.offline) or OnlineSource (dmrl.train.online)."""
+
+    log_every: int  # updates between metric records
+
+    def start(self, algo: Any, start_step: int) -> None: ...  # loaders, or rings + collector processes
+
+    def exhausted(self) -> bool: ...  # online: the env-step budget is spent
+
+    def events(self, step: int) -> list[dict]: ...  # records to log now (collector restarts, evaluations)
+
+    def next_batch(self, step: int) -> dict | None: ...  # on the device; None: not ready yet (replay filling)
+
+    def after_update(self, step: int, logs: dict, algo: Any) -> None: ...  # PER priorities, publishing
+
+    def rates(self, steps: int, seconds: float) -> dict[str, float]: ...  # throughput since the (re)start
+
+    def validation(self, step: int, algo: Any) -> dict[str, float]: ...  # held-out loss when due
+
+    def curve(self, step: int, algo: Any) -> dict[str, float] | None: ...  # a learning-curve point when due
+
+    def meta(self) -> dict[str, Any]: ...  # for the checkpoint's meta and the summary
+
+    def close(self) -> None: ...  # idempotent: stop children, free shared memory
 
 
 def train(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict[str, Any]:
@@ -190,7 +216,7 @@ def _train(
     if cfg.online:
         from dmrl.train.online import OnlineSource
 
-        source: Any = OnlineSource(cfg, store, engine, hook)
+        source: DataSource = OnlineSource(cfg, store, engine, hook)
     else:
         source = OfflineSource(cfg, store, engine)
     start, summary = restore_state(cfg, out, algo, engine)
