@@ -116,7 +116,7 @@ def _first_message(text: str, prog: str) -> str:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     words: list[str] = []
     for line in text.splitlines():
-        line = line.strip(" │|╭╮╰╯─-")
+        line = line.strip(" │|╭╮╰╯─")  # box drawing only: a flag's leading dashes stay
         titles = ("Value error", "Parsing error", "Unrecognized options", "Required options")
         if not line or line in titles or line.startswith(("usage:", "Usage:")):
             if words:

@@ -194,7 +194,7 @@ def test_process_exits_when_weights_were_queued_for_a_busy_evaluator(tmp_path, d
         _, err = proc.communicate(timeout=150)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail("dmrl train --online did not exit after its last update (queue feeder blocked at exit)")
+        pytest.fail("dmrl train --source.type online did not exit after its last update (queue feeder blocked at exit)")
     assert proc.returncode == 0, err[-2000:]
     assert (tmp_path / "run" / "checkpoint").exists()
 

@@ -40,3 +40,21 @@ def test_choice_fields_switch_type_and_keep_same_type_values() -> None:
         merge(cfg, {"policy": {"type": "mlp"}})
     with pytest.raises(ValueError, match="trains a gaussian policy"):
         merge(TrainConfig(), {"algo": {"type": "td3-bc"}})
+
+
+@pytest.mark.parametrize("path", [p for p in PRESETS if not p.name.startswith("compare")], ids=lambda p: p.name)
+def test_a_runs_saved_config_reads_back_as_its_settings(path: Path, tmp_path: Path) -> None:
+    """--resume compares config.json with the flags: every preset (multimodal, RL) must read back equal."""
+    import json
+
+    from dmrl.train.config import flat
+    from dmrl.train.run import saved_settings
+
+    cfg = merge(TrainConfig(), load_yaml(path))
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps(to_dict(cfg)))
+    assert saved_settings(saved) == flat(json.loads(json.dumps(to_dict(cfg))))
+    old = {**json.loads(saved.read_text()), "policy": "diffusion"}  # written before --policy.type
+    saved.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="before --policy.type"):
+        saved_settings(saved)

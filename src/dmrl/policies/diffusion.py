@@ -60,7 +60,7 @@ class DiffusionPolicyConfig:
     """Hybrid heads: both/eps/x0/blend."""
 
     def __post_init__(self) -> None:
-        # From the command line (--diffusion.denoiser-kwargs hidden_dim 128 down_dims "[64, 128]") every value
+        # From the command line (--policy.denoiser-kwargs hidden_dim 128 down_dims "[64, 128]") every value
         # arrives as a string: read each as a YAML scalar / list, as a preset file would give it.
         self.denoiser_kwargs = {
             k: yaml.safe_load(v) if isinstance(v, str) else v for k, v in dict(self.denoiser_kwargs).items()

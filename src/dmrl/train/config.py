@@ -187,6 +187,14 @@ class TrainConfig(Generic[P, A, S, C]):
             raise ValueError("--source.type online trains an actor-critic: pass --algo.type diffusion-ql or td3-bc")
         if self.online and self.source.bc_data != "replay" and self.algo_type != "diffusion-ql":
             raise ValueError(f"--source.bc-data {self.source.bc_data} is a diffusion-ql option; got {self.algo_type}")
+        if self.online and self.source.bc_data != "replay" and getattr(self.algo, "bc_weighting", "none") != "none":
+            raise ValueError("--algo.bc-weighting advantage weights the replay batch: use --source.bc-data replay")
+        if self.online and self.batch_size % self.engine.accumulate:
+            raise ValueError(
+                f"--batch-size {self.batch_size} must be divisible by --engine.accumulate {self.engine.accumulate}"
+            )
+        if not self.online and self.source.cache_images and self.batches != "windows":
+            raise ValueError("--source.cache-images is for behaviour cloning's windows; RL transitions read the store")
 
     @property
     def policy_type(self) -> str:

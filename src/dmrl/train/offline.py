@@ -92,6 +92,9 @@ class OfflineSource:
         seeds = list(range(self.cfg.eval_seed, self.cfg.eval_seed + self.src.curve_episodes))
         return curve_point(algo.evaluation_policy(), *self.curve_env, seeds, self.cfg.eval_envs, self.engine.device)
 
+    def eval_env_kwargs(self) -> dict[str, Any]:
+        return dict(self.curve_env[1])
+
     def meta(self) -> dict[str, Any]:
         # Which episodes and how many windows it trained on (chunk.pad_after changes the count).
         return {"train_episodes": len(self.train_eps), "train_windows": len(self.train_ds)}

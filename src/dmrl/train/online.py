@@ -215,6 +215,10 @@ class OnlineSource:
     def curve(self, step: int, algo: Any) -> None:
         return None
 
+    def eval_env_kwargs(self) -> dict[str, Any]:
+        """The collectors' env (episode length included), observations chosen by the evaluator."""
+        return {k: v for k, v in self.env_kwargs.items() if k != "obs_modes"}
+
     def meta(self) -> dict[str, Any]:
         restarts = self.collectors.restarts if self.collectors is not None else 0
         return {"online": True, "env_steps": self.env_steps.value, "collector_restarts": restarts}

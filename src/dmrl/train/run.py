@@ -10,6 +10,7 @@ algorithm: networks, targets, optimizers, schedules, RNGs) and checkpoint/ (the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -23,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from dmrl.algos import ALGOS
-from dmrl.config_utils import choices, merge, to_dict
+from dmrl.config_utils import choices, to_dict, type_name
 from dmrl.data import EpisodeStore
 from dmrl.policies import ChunkPolicy
 from dmrl.policies.checkpoint import load_policy, save_policy
@@ -76,6 +77,8 @@ class DataSource(Protocol):
 
     def meta(self) -> dict[str, Any]: ...  # for the checkpoint's meta and the summary
 
+    def eval_env_kwargs(self) -> dict[str, Any]: ...  # the env the final evaluation runs
+
     def close(self) -> None: ...  # idempotent: stop children, free shared memory
 
 
@@ -101,15 +104,30 @@ def saved_settings(config_json: Path) -> dict[str, Any]:
     """A run's config.json as flat {dotted key: value}. A key added to TrainConfig after the run started is absent
     from it and takes its default, which is what that run trained with."""
     raw = json.loads(config_json.read_text())
-    # Defaults of the types the run chose (another policy type has other fields).
-    types = {
-        k: {"type": raw[k]["type"]} for k in choices(TrainConfig) if isinstance(raw.get(k), dict) and "type" in raw[k]
-    }
-    try:
-        defaults = merge(TrainConfig(), types)
-    except ValueError:  # a type this dmrl does not know: every key of the run is compared as saved
-        defaults = TrainConfig()
-    return {**flat(to_dict(defaults)), **flat(raw)}
+    if isinstance(raw.get("policy"), str):
+        raise ValueError(
+            f"--resume: {config_json} was written by a dmrl before --policy.type (policy {raw['policy']!r}); "
+            "this version cannot continue that run: start a new one"
+        )
+    return {**_flat_defaults(TrainConfig(), raw), **flat(raw)}
+
+
+def _flat_defaults(cfg: Any, saved: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flat defaults of ``cfg`` where every choice field (nested ones too) takes the type ``saved`` names."""
+    out: dict[str, Any] = {}
+    tagged = choices(cfg)
+    for f in dataclasses.fields(cfg):
+        value, sub = getattr(cfg, f.name), saved.get(f.name) if isinstance(saved, dict) else None
+        registry = tagged.get(f.name, {})
+        if isinstance(sub, dict) and sub.get("type") in registry:
+            value = registry[sub["type"]]()  # that type's defaults (another type has other fields)
+        if dataclasses.is_dataclass(value):
+            out |= _flat_defaults(value, sub if isinstance(sub, dict) else {}, f"{prefix}{f.name}.")
+            if registry:
+                out[f"{prefix}{f.name}.type"] = type_name(value, registry)
+        else:
+            out |= flat({f.name: to_dict(value)}, prefix)  # a dict value (denoiser_kwargs) flattens as in config.json
+    return out
 
 
 def prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
@@ -224,18 +242,14 @@ def _train(
     def save(step: int) -> None:
         save_training_state(cfg, out, step, algo, engine, summary)
 
+    run_log, bar, step = None, None, start
     try:
         source.start(algo, start)  # bad batch settings fail here, before anything is logged
-    except BaseException:
-        source.close()
-        raise
-    # A resumed run drops what the interrupted one logged after its last saved state.
-    run_log = RunLog(out, start, enabled=main)
-    desc = f"train {cfg.algo_type} {cfg.policy_type}"
-    bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not (progress and main), unit="step")
-    step = start
-    t0 = time.perf_counter()
-    try:
+        # A resumed run drops what the interrupted one logged after its last saved state.
+        run_log = RunLog(out, start, enabled=main)
+        desc = f"train {cfg.algo_type} {cfg.policy_type}"
+        bar = tqdm(total=cfg.steps, initial=start, desc=desc, disable=not (progress and main), unit="step")
+        t0 = time.perf_counter()
         while step < cfg.steps and not source.exhausted():
             for record in source.events(step):  # collector restarts, evaluations that finished
                 run_log.write({"step": step, **record})
@@ -272,8 +286,10 @@ def _train(
         raise
     finally:
         source.close()
-        bar.close()
-        run_log.close()
+        if bar is not None:
+            bar.close()
+        if run_log is not None:
+            run_log.close()
     engine.check_replicas(algo.actor)
     save(step)
     meta = {
@@ -298,7 +314,7 @@ def _train(
 
         seeds = list(range(cfg.eval_seed, cfg.eval_seed + cfg.eval_episodes))
         policy = algo.evaluation_policy().cpu()  # best-of-N with the critic when diffusion-ql's n_action_samples > 1
-        result = evaluate(policy, store.attrs["env_id"], seeds, meta["env_kwargs"], n_envs=cfg.eval_envs)
+        result = evaluate(policy, store.attrs["env_id"], seeds, source.eval_env_kwargs(), n_envs=cfg.eval_envs)
         summary["eval"] = result.summary()
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
