@@ -16,7 +16,7 @@ import mujoco
 import numpy as np
 
 from dmrl.envs import arm, language, scene
-from dmrl.envs.geometry import route_distance
+from dmrl.envs.geometry import route_distance, route_distance_v1
 from dmrl.envs.render import DEPTH_MAX, MultiCameraRenderer
 from dmrl.types import parse_obs_modes
 
@@ -35,6 +35,10 @@ SUCTION_Z = 0.03  # m, highest tip height above the cup top at which suction gra
 MAX_YAW_STEP = 0.15
 MAX_PITCH_STEP = 0.05
 TASKS = tuple(scene.LAYOUTS)
+REWARDS = ("shaped", "sparse", "shaped_v1")
+#: Metres of route the shaped potential counts down from: Phi = held + shaping_scale * max(0, REF_DISTANCE - to_go),
+#: above every distance to go of a start state, so Phi >= 0 and stopping (Phi(terminal) = 0) never gains.
+REF_DISTANCE = 1.2
 
 
 @dataclass
@@ -59,10 +63,19 @@ class MultiPathConfig:
     """Render shadows (about 45 ms/frame on CPU instead of about 1 ms)."""
     substeps: int = 10
     """Physics steps of 10 ms per control step (10 gives 10 Hz control)."""
+    reward: str = "shaped"
+    """"shaped" (success bonus, collision penalty and potential-based shaping gamma * Phi(s') - Phi(s), Phi = 0 at
+    termination), "sparse" (1 on success, else 0; a collision ends the episode with 0) or "shaped_v1" (the reward
+    of every RL result before the fix: Phi(s') - Phi(s) with a route distance that cuts through the obstacle band;
+    kept bit for bit to reproduce them). docs/tasks.md, "Reward"."""
     success_bonus: float = 10.0
+    """Reward on success (shaped rewards)."""
     collision_penalty: float = 2.0
+    """Subtracted on the step that touches the obstacle, which ends the episode (shaped rewards)."""
     shaping_scale: float = 5.0
-    """Reward per metre of progress; shaping is potential-based, so it does not change the optimal policy."""
+    """Potential per metre of route-aware progress (shaped rewards)."""
+    gamma: float = 0.99
+    """Discount per env step the shaping is exact for (reward "shaped"); match the critic's (CriticConfig.gamma)."""
 
     def __post_init__(self) -> None:
         self.obs_modes = parse_obs_modes(self.obs_modes)
@@ -81,6 +94,8 @@ class MultiPathConfig:
                 f"cameras: got {self.cameras!r}; allowed: one or more of {', '.join(scene.CAMERA_NAMES)}",
             ),
             (self.substeps >= 1, f"substeps: got {self.substeps}; must be >= 1"),
+            (self.reward in REWARDS, f"reward: got {self.reward!r}; allowed: {', '.join(REWARDS)}"),
+            (0.0 < self.gamma <= 1.0, f"gamma: got {self.gamma}; allowed (0, 1]"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -235,16 +250,30 @@ class MultiPathEnv(gym.Env):
         if self.route is None and abs(tip[1] - self.layout.obstacle_y) < scene.OBSTACLE_HALF[1] + 0.02:
             self.route = "left" if tip[0] < 0 else "right"
         success = (not self.collided) and self._is_success()
-        potential = self._compute_potential()
-        reward = potential - self._potential
-        self._potential = potential
-        if success:
-            reward += self.cfg.success_bonus
-        if self.collided:
-            reward -= self.cfg.collision_penalty
         terminated = success or self.collided
         truncated = (not terminated) and self.t >= self.cfg.max_steps
+        reward = self._reward(success, terminated)
         return self._get_obs(), float(reward), terminated, truncated, self._info(success)
+
+    def _reward(self, success: bool, terminated: bool) -> float:
+        cfg = self.cfg
+        if cfg.reward == "sparse":
+            return 1.0 if success else 0.0
+        potential = self._compute_potential()
+        if cfg.reward == "shaped_v1":
+            reward = potential - self._potential
+        else:
+            # Ng et al. (1999): F = gamma * Phi(s') - Phi(s) with Phi = 0 at termination changes every discounted
+            # return by -Phi(s0) alone, so rankings of episodes (and the optimal policy) are those of the
+            # bonus/penalty reward. Phi >= 0 makes ending an episode forfeit its potential, so a chunk that ends in
+            # the obstacle never out-earns one that goes on. A time-limit truncation is not terminal: Phi(s') stays.
+            reward = cfg.gamma * (0.0 if terminated else potential) - self._potential
+        self._potential = potential
+        if success:
+            reward += cfg.success_bonus
+        if self.collided:
+            reward -= cfg.collision_penalty
+        return reward
 
     def _touching_obstacle(self) -> bool:
         # Any contact force on the obstacle: read from a touch sensor filled by this substep's collision pass.
@@ -317,19 +346,36 @@ class MultiPathEnv(gym.Env):
         return bool(self.attached < 0 and on_pad and resting)
 
     def _compute_potential(self) -> float:
-        """Negative route-aware distance to go (m), scaled; plus 1 while the target cup is held."""
+        """Shaping potential Phi(s): route-aware distance still to go (m), scaled, plus 1 while the target cup is
+        held. Reward "shaped": held + shaping_scale * max(0, REF_DISTANCE - to_go) >= 0; "shaped_v1":
+        held - shaping_scale * to_go with :func:`route_distance_v1`; "sparse": 0."""
+        cfg = self.cfg
+        if cfg.reward == "sparse":
+            return 0.0
+        v1 = cfg.reward == "shaped_v1"
+        distance = route_distance_v1 if v1 else route_distance
         oy = self.layout.obstacle_y
         tip = self.data.site_xpos[self._tip_site]
         top = self._cup_top(self.target)
-        if self.cfg.task == "reach":
-            return -self.cfg.shaping_scale * route_distance(tip, top, oy)
-        cup = self.data.xpos[self._cup_bodies[self.target]]
-        pad = np.array([*self.data.mocap_pos[self._pad_mocap][:2], scene.CUP_HALF_HEIGHT])
-        to_go = route_distance(cup, pad, oy)
-        if self.attached != self.target:
-            to_go += float(np.linalg.norm(tip - top)) if to_go > scene.PAD_RADIUS else 0.0
-        held = 1.0 if self.attached == self.target else 0.0
-        return held - self.cfg.shaping_scale * to_go
+        if cfg.task == "reach" and v1:
+            return -cfg.shaping_scale * distance(tip, top, oy)
+        if cfg.task == "reach":
+            to_go, held = distance(tip, top, oy), 0.0
+        else:
+            cup = self.data.xpos[self._cup_bodies[self.target]]
+            pad = np.array([*self.data.mocap_pos[self._pad_mocap][:2], scene.CUP_HALF_HEIGHT])
+            to_go = distance(cup, pad, oy)
+            if self.attached != self.target:
+                reach = float(np.linalg.norm(tip - top))
+                if v1:
+                    to_go += reach if to_go > scene.PAD_RADIUS else 0.0
+                else:
+                    # the tip's way to the cup counts until the cup is on the pad, phased out over 2 cm (continuous)
+                    to_go += reach * min(1.0, max(0.0, (to_go - scene.PAD_RADIUS) / 0.02))
+            held = 1.0 if self.attached == self.target else 0.0
+        if v1:
+            return held - cfg.shaping_scale * to_go
+        return held + cfg.shaping_scale * max(0.0, REF_DISTANCE - to_go)
 
     # ----------------------------------------------------------------- observations
     def _get_obs(self) -> dict:

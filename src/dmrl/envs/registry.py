@@ -160,6 +160,8 @@ MULTIPATH_OPTIONS = (
     "success_bonus",
     "collision_penalty",
     "shaping_scale",
+    "reward",
+    "gamma",
 )
 MULTIPATH_ENVS = {"dmrl/MultiPathReach-v0": "reach", "dmrl/MultiPathGrasp-v0": "grasp"}
 
