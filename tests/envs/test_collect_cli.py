@@ -151,3 +151,17 @@ def test_ctrl_c_keeps_every_completed_episode(tmp_path):
         assert ep.success and ep.obs["rgb"].shape[0] == ep.length
     # and the store accepts more episodes afterwards
     assert _collect(out, "--append", "--obs-modes", "state", "rgb", "--image-size", "32") == 0
+
+
+def test_collect_reward_option_is_stored_and_recorded(tmp_path, capsys):
+    """--reward picks the stored rewards and is recorded with the other env options (collect attrs)."""
+    out = tmp_path / "d.zarr"
+    assert _collect(out, "--obs-modes", "state", "--reward", "sparse", episodes=2) == 0
+    store = EpisodeStore.open(out)
+    assert store.attrs["collect"]["reward"] == "sparse"
+    for i in range(2):
+        ep = store.episode(i)
+        assert set(np.unique(ep.rewards)) <= {0.0, 1.0} and ep.rewards[-1] == float(ep.success)
+    capsys.readouterr()
+    assert _collect(tmp_path / "e.zarr", "--reward", "dense") != 0
+    assert "reward: got 'dense'; allowed: shaped, sparse, shaped_v1" in _err_line(capsys)

@@ -43,13 +43,15 @@ class CollectConfig:
     workers: int = 2
     """Worker processes (spawn); 0 runs everything in this process."""
     image_size: int = 64
-    """H = W of rgb/depth (env option; the flags from here to --paraphrases apply to envs that take them)."""
+    """H = W of rgb/depth (env option; the flags from here to --reward apply to envs that take them)."""
     cameras: tuple[str, ...] = ("front",)
     """Cameras for rgb/depth (front, top, side), stacked along channels."""
     n_objects: int = 3
     """Cups in the scene (2 or 3)."""
     paraphrases: str = "train"
     """Instruction paraphrase set: train, heldout or all."""
+    reward: str = "shaped"
+    """Stored rewards: shaped, sparse or shaped_v1 (the reward of RL results before the fix; docs/tasks.md)."""
     noise_std: float = 0.0
     """Gaussian action noise of the expert (expert option, like --suboptimal and --miss-prob)."""
     suboptimal: bool = False
@@ -104,7 +106,7 @@ class CollectConfig:
         return {k: str(v) for k, v in vars(self).items() if k not in skip}
 
 
-_ENV_FLAGS = ("image_size", "cameras", "n_objects", "paraphrases")
+_ENV_FLAGS = ("image_size", "cameras", "n_objects", "paraphrases", "reward")
 _EXPERT_FLAGS = ("noise_std", "suboptimal", "miss_prob")
 _DEFAULTS = {f.name: f.default for f in fields(CollectConfig) if f.name in (*_ENV_FLAGS, *_EXPERT_FLAGS)}
 
