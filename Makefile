@@ -22,8 +22,8 @@ demo: $(STAMP)
 	$(VENV)/bin/dmrl demo --out outputs/demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
 	$(PY) -m pytest
 
 bench: $(STAMP)
