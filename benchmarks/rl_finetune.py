@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from _common import machine, parse_args, write_results
-from _rl import ROOT, finished, template, train_one
+from _rl import REWARD, ROOT, finished, template, train_one
 from dmrl.policies.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 from dmrl.train.metrics import wilson_interval
@@ -51,7 +51,9 @@ def make_weak(path: Path, demos: int) -> Path:
         if EpisodeStore.open(path).n_episodes != demos:
             raise ValueError(f"{path}: not {demos} episodes; delete it or pass --demos to match")
         return path
-    cfg = CollectConfig(out=path, episodes=demos, seed=30_000, obs_modes=("state",), suboptimal=True, workers=2)
+    cfg = CollectConfig(
+        out=path, episodes=demos, seed=30_000, obs_modes=("state",), suboptimal=True, workers=2, reward=REWARD
+    )
     s = collect(cfg, progress=False).summary()
     print(f"weak dataset: {demos} suboptimal episodes, {s['success_rate']:.0%} of them succeed", flush=True)
     return path

@@ -131,3 +131,17 @@ def test_curve_flags_are_checked(capsys):
     assert main(["train", "--source.curve-every", "-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--source.curve-every" in err[0], err
+
+
+def test_training_envs_take_the_reward_the_store_was_collected_with(dataset):
+    from types import SimpleNamespace
+
+    from dmrl.data import EpisodeStore
+    from dmrl.train.offline import env_kwargs_from_store
+
+    assert env_kwargs_from_store(EpisodeStore.open(dataset))["reward"] == "shaped"  # collect's default, recorded
+    env_id = "dmrl/MultiPathGrasp-v0"
+    old = SimpleNamespace(path="old.zarr", attrs={"env_id": env_id, "collect": {"image_size": "64", "n_objects": "3"}})
+    assert env_kwargs_from_store(old)["reward"] == "shaped_v1"  # collected before the reward option existed
+    synthetic = SimpleNamespace(path="s.zarr", attrs={"env_id": env_id})  # not written by dmrl collect
+    assert "reward" not in env_kwargs_from_store(synthetic)

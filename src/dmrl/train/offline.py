@@ -18,6 +18,7 @@ from dmrl.data import (
     fit_normalizer,
     split_episodes,
 )
+from dmrl.envs import env_spec
 from dmrl.policies import ChunkPolicy, build_policy
 from dmrl.policies.observations import TEXT_KEYS, VECTOR_KEYS, obs_dims_from_spec
 from dmrl.train.config import OfflineConfig, TrainConfig
@@ -127,8 +128,10 @@ def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy
 
 
 def env_kwargs_from_store(store: EpisodeStore) -> dict[str, Any]:
-    """The env settings that shape observations (image size, cameras, cups), as the store was collected with them,
-    so evaluation renders what the policy was trained on. Paraphrases and obs modes are the evaluator's choice."""
+    """The env settings the store was collected with that shape observations (image size, cameras, cups) and
+    rewards, so evaluation renders what the policy was trained on and online collectors add rewards of the same kind
+    as the dataset's. Paraphrases and obs modes are the evaluator's choice. A MultiPath store collected before the
+    ``reward`` option existed holds rewards of ``shaped_v1``."""
     collect = store.attrs.get("collect", {})  # written by `dmrl collect`, every value as str
     out: dict[str, Any] = {}
     try:
@@ -138,6 +141,10 @@ def env_kwargs_from_store(store: EpisodeStore) -> dict[str, Any]:
             out["cameras"] = tuple(ast.literal_eval(collect["cameras"]))  # str of a tuple: literals only, no eval
         if "n_objects" in collect:
             out["n_objects"] = int(collect["n_objects"])
+        if "reward" in collect:
+            out["reward"] = str(collect["reward"])
+        elif collect and "reward" in (env_spec(store.attrs["env_id"]).options or ()):
+            out["reward"] = "shaped_v1"
     except (ValueError, SyntaxError):
         raise ValueError(f"dmrl store {store.path}: unreadable 'collect' attributes {collect}") from None
     return out
