@@ -60,7 +60,7 @@ def test_train_saves_a_self_contained_multimodal_checkpoint(run):
     enc = cfg["chunk"]["encoder"]
     assert cfg["format"] == 2 and enc["type"] == "multimodal" and enc["language"]["out_dim"] == 32
     assert "image_size" not in enc and "modalities" not in enc, "the data decides them: read off obs_dims"
-    assert cfg["meta"]["env_kwargs"] == {"image_size": 16, "cameras": ["front"], "n_objects": 3}
+    assert cfg["meta"]["env_kwargs"] == {"image_size": 16, "cameras": ["front"], "n_objects": 3, "reward": "shaped"}
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["step"] == 4 and "val_loss" in lines[-1]
     assert cfg["chunk"]["aux_state"] == [7, 8, 9] and all(x["aux"] > 0 for x in lines if "loss" in x)
