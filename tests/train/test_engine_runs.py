@@ -10,14 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from state_store import state_store
 
 from dmrl.cli import main
-from dmrl.data import EpisodeStore
-from dmrl.types import Episode
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -25,33 +23,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     """8 random episodes of 40 steps: state (5,), 3-D actions (no simulator needed to train)."""
-    path = tmp_path_factory.mktemp("engine") / "d.zarr"
-    st = EpisodeStore.create(
-        path,
-        env_id="dmrl/MultiPathGrasp-v0",
-        obs_modes=("state",),
-        action_meaning=["a", "b", "c"],
-        obs_spec={"state": ((5,), "float32")},
-        action_dim=3,
-    )
-    for seed in range(8):
-        rng = np.random.default_rng(seed)
-        st.append(
-            Episode(
-                obs={"state": rng.normal(size=(40, 5)).astype(np.float32)},
-                final_obs={"state": rng.normal(size=5).astype(np.float32)},
-                actions=rng.uniform(-1, 1, (40, 3)).astype(np.float32),
-                rewards=np.zeros(40, np.float32),
-                terminated=True,
-                truncated=False,
-                instruction="",
-                target="",
-                route=None,
-                success=True,
-                seed=seed,
-            )
-        )
-    return path
+    return state_store(tmp_path_factory.mktemp("engine") / "d.zarr")
 
 
 def _args(store: Path, out: Path, *extra: str, device: str = "cpu") -> list[str]:

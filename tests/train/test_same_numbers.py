@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from state_store import state_store
 
 from dmrl.cli import main
-from dmrl.data import EpisodeStore
-from dmrl.types import Episode
 
 ART = Path(__file__).resolve().parents[1] / "artifacts" / "runs_585fb9d"
 
@@ -23,33 +21,7 @@ ART = Path(__file__).resolve().parents[1] / "artifacts" / "runs_585fb9d"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
     """8 episodes of 40 steps, state (5,), 3-D actions, random rewards; odd seeds terminate (as when made)."""
-    path = tmp_path_factory.mktemp("same") / "d.zarr"
-    st = EpisodeStore.create(
-        path,
-        env_id="dmrl/MultiPathGrasp-v0",
-        obs_modes=("state",),
-        action_meaning=["a", "b", "c"],
-        obs_spec={"state": ((5,), "float32")},
-        action_dim=3,
-    )
-    for seed in range(8):
-        rng = np.random.default_rng(seed)
-        st.append(
-            Episode(
-                obs={"state": rng.normal(size=(40, 5)).astype(np.float32)},
-                final_obs={"state": rng.normal(size=5).astype(np.float32)},
-                actions=rng.uniform(-1, 1, (40, 3)).astype(np.float32),
-                rewards=rng.normal(size=40).astype(np.float32),
-                terminated=bool(seed % 2),
-                truncated=not bool(seed % 2),
-                instruction="",
-                target="",
-                route=None,
-                success=bool(seed % 2),
-                seed=seed,
-            )
-        )
-    return path
+    return state_store(tmp_path_factory.mktemp("same") / "d.zarr", rewards=True)
 
 
 COMMON = ["--source.val-fraction", "0", "--engine.device", "cpu", "--seed", "3", "--batch-size", "16"]
