@@ -19,6 +19,10 @@ def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str 
     type it trains, or None for any."""
     if name in ALGOS:
         raise ValueError(f"algorithm {name!r} is already registered")
+    if any(entry[1] is config_cls for entry in ALGOS.values()):  # a run's config names its algorithm by this class
+        raise ValueError(
+            f"register_algo: {config_cls.__name__} already configures another algorithm; give {name!r} its own"
+        )
     if not callable(getattr(algo_cls, "build", None)):
         raise ValueError(f"register_algo: {algo_cls.__name__} needs a build(policy, config, engine, total_steps)")
     ALGOS[name] = (algo_cls, config_cls, policy_type)

@@ -21,6 +21,10 @@ def register_policy(name: str, policy_cls: type[ChunkPolicy], config_cls: type) 
     """
     if name in POLICIES:
         raise ValueError(f"policy {name!r} is already registered")
+    if any(entry[1] is config_cls for entry in POLICIES.values()):  # a run's config names its policy by this class
+        raise ValueError(
+            f"register_policy: {config_cls.__name__} already configures another policy; give {name!r} its own"
+        )
     if getattr(policy_cls, "name", None) != name:
         raise ValueError(
             f"register_policy: {policy_cls.__name__}.name is {getattr(policy_cls, 'name', None)!r}, not {name!r}"

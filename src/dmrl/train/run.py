@@ -31,6 +31,7 @@ from dmrl.policies.checkpoint import load_policy, save_policy
 from dmrl.train.config import TrainConfig, flat
 from dmrl.train.engine import Engine, load_latest_state, save_state, shutdown_distributed
 from dmrl.train.engine.distributed import barrier
+from dmrl.train.finite import FiniteWatch
 from dmrl.train.logging import RunLog
 from dmrl.train.offline import OfflineSource, build_from_store, env_kwargs_from_store
 
@@ -239,8 +240,13 @@ def _train(
         source = OfflineSource(cfg, store, engine)
     start, summary = restore_state(cfg, out, algo, engine)
 
+    watch = FiniteWatch(enabled=engine.precision != "fp16")  # fp16: the loss scaler skips non-finite steps
+    saved = [start or None]  # the newest state on disk, named in a non-finite error
+
     def save(step: int) -> None:
+        watch.check(saved[0])  # never a non-finite state over a good one
         save_training_state(cfg, out, step, algo, engine, summary)
+        saved[0] = step
 
     run_log, bar, step = None, None, start
     try:
@@ -258,8 +264,10 @@ def _train(
                 continue
             logs = algo.update(batch)
             step += 1
+            watch.observe(step, logs)
             source.after_update(step, logs, algo)  # PER priorities, publishing the actor
             if step % source.log_every == 0 or step == cfg.steps:
+                watch.check(saved[0])
                 record = {
                     "step": step,
                     **_scalars(logs, engine),
