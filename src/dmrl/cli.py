@@ -27,11 +27,13 @@ class InfoConfig:
 
 
 def _run_info(cfg: InfoConfig) -> None:
-    from dmrl.data import EpisodeStore
+    from dmrl.data import EpisodeStore, nonfinite_report
 
     store = EpisodeStore.open(cfg.path)
     attrs = {k: store.attrs.get(k) for k in ("env_id", "obs_modes", "obs_spec", "action_meaning")}
-    print(json.dumps({"path": str(cfg.path), **attrs, **store.summary()}, indent=2, default=str))
+    # nonfinite: {key: {"count": NaN/inf values, "first": [[episode, step], ...]}}, {} when clean (rgb not read)
+    doc = {"path": str(cfg.path), **attrs, **store.summary(), "nonfinite": nonfinite_report(store)}
+    print(json.dumps(doc, indent=2, default=str))
 
 
 def _run_collect(cfg) -> None:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
+from dmrl.data.nonfinite import check_rows
+
 if TYPE_CHECKING:
     from dmrl.data.episodes import EpisodeStore
 
@@ -223,7 +225,11 @@ class RunningStats:
 def fit_normalizer(
     store: EpisodeStore, keys: tuple[str, ...] | list[str], mode: str = "limits", eps: float = 1e-4
 ) -> Normalizer:
-    """Fit `keys` (modalities and/or "actions") over the store's committed steps, one chunk at a time."""
+    """Fit `keys` (modalities and/or "actions") over the store's committed steps, one chunk at a time.
+
+    A NaN or ±inf in a fitted key raises `NonFiniteError` naming the key and its first bad episode and step: the
+    statistics (and every batch they normalise) would be non-finite.
+    """
     norm = Normalizer()
     for key in keys:
         arr = store.array(key)  # StoreError naming the modality if the store lacks it
@@ -233,6 +239,8 @@ def fit_normalizer(
         stats = RunningStats(tuple(arr.shape[1:]))
         block = int(arr.chunks[0])
         for start in range(0, store.n_steps, block):
-            stats.update(np.asarray(arr[start : min(start + block, store.n_steps)]))
+            rows = np.asarray(arr[start : min(start + block, store.n_steps)])
+            check_rows(store, key, rows, start)  # the block is in memory already: one isfinite pass
+            stats.update(rows)
         norm.set(key, *stats.affine(mode, eps), mode)
     return norm

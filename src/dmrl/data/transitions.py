@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from dmrl.data.episodes import EpisodeStore
+from dmrl.data.nonfinite import check_final, check_rows, is_float
 from dmrl.data.sequence import SequenceDataset
 
 
@@ -56,16 +57,22 @@ class ChunkTransitionDataset(SequenceDataset):
         super().__init__(store, obs_keys, n_obs_steps, horizon, n_action_steps, episodes, cache_images)
         n, n_eps = store.n_steps, store.n_episodes
         self._rewards = np.asarray(store.array("rewards")[:n], dtype=np.float32)
+        # TD targets add rewards and bootstrap from final observations: one NaN there spreads through the critic.
+        check_rows(store, "rewards", self._rewards)
         self._terminated = np.asarray(store.terminated, dtype=bool)
         # Final observations (one per episode): low-dim ones loaded once, like the per-step ones.
         self._final_lowdim: dict[str, np.ndarray] = {}
         for k in self.array_keys:
             if k not in self.image_keys:
                 self._final_lowdim[k] = np.asarray(store.final_array(k)[:n_eps], dtype=np.float32)
+                check_final(store, k, self._final_lowdim[k])
         self._final_images: dict[str, Any] = {
             k: np.asarray(store.final_array(k)[:n_eps]) if cache_images else store.final_array(k)
             for k in self.image_keys
         }
+        for k in self.image_keys:  # E frames (one per episode), float ones only (depth; never rgb)
+            if is_float(store.final_array(k)):
+                check_final(store, k, np.asarray(store.final_array(k)[:n_eps]))
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         item = super().__getitem__(i)

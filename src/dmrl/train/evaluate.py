@@ -96,6 +96,33 @@ def set_action_steps(policy: ChunkPolicy, n: int) -> None:
     policy.reset()
 
 
+class NonFiniteObservationError(ValueError):
+    """An env emitted NaN or ±inf in an observation the policy reads (one line: env, seed, key, step)."""
+
+
+def check_obs(obs: dict, env_id: str, seeds: list[int], steps: list[int], active: np.ndarray | None = None) -> None:
+    """Raise `NonFiniteObservationError` if a float observation (B, ...) of an active env holds NaN or ±inf.
+
+    ``seeds``, ``steps`` (B,): each env's episode seed and env step (0: the reset observation). A policy would
+    act on the NaN (its normalizer and network pass it on) and the episode's numbers would mean nothing.
+    """
+    for key, x in obs.items():
+        if not (isinstance(x, np.ndarray) and np.issubdtype(x.dtype, np.floating)):
+            continue  # rgb uint8, instruction strings
+        finite = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if active is not None:
+            finite |= ~active  # a finished env's stale observation is never acted on
+        bad = np.flatnonzero(~finite)
+        if len(bad):
+            i = int(bad[0])
+            v = float(x[i][~np.isfinite(x[i])].flat[0])
+            kind = "NaN" if np.isnan(v) else ("+inf" if v > 0 else "-inf")
+            raise NonFiniteObservationError(
+                f"env {env_id} (seed {seeds[i]}): observation {key!r} has {kind} at step {steps[i]}; "
+                "the policy cannot act on it (check the env's observations)"
+            )
+
+
 def _without(obs: dict, drop: tuple[str, ...]) -> dict:
     # The env still emits the modality (same physics, same seeds); the policy just never sees it.
     return {k: v for k, v in obs.items() if k not in drop} if drop else obs
@@ -140,7 +167,9 @@ def evaluate(
         tips: list[list[np.ndarray]] = [[_tip(info, i)] for i in range(n_envs)]
         grasps: list[tuple[str, int] | None] = [None] * n_envs  # (colour, step) of each env's first held cup
         while active.any():
-            act = policy.act(_without(obs, drop))
+            seen = _without(obs, drop)
+            check_obs(seen, env_id, current, [len(a) for a in actions], active)
+            act = policy.act(seen)
             act[~active] = 0.0
             obs, _, term, trunc, info = envs.step(act)
             done = (term | trunc) & active
@@ -264,13 +293,18 @@ def measure_latency(
     policy.eval()
     policy.reset()
     times = []
+    episode_seed, t_env = seed, 0
     for _ in range(steps):
+        seen = _without(obs, drop)
+        check_obs({k: np.asarray(v)[None] for k, v in seen.items()}, env_id, [episode_seed], [t_env])
         t = time.perf_counter()
-        a = policy.act(_without(obs, drop))
+        a = policy.act(seen)
         times.append((time.perf_counter() - t) * 1e3)
         obs, _, term, trunc, _ = env.step(a)
+        t_env += 1
         if term or trunc:
-            obs, _ = env.reset(seed=seed + 1)
+            episode_seed, t_env = seed + 1, 0
+            obs, _ = env.reset(seed=episode_seed)
             policy.reset()
     env.close()
     return float(np.median(times)), float(np.percentile(times, 95))

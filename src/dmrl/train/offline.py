@@ -16,6 +16,7 @@ from dmrl.data import (
     SequenceDataset,
     StoreError,
     fit_normalizer,
+    require_finite,
     split_episodes,
 )
 from dmrl.envs import env_spec
@@ -122,7 +123,11 @@ def build_from_store(cfg: TrainConfig, store: EpisodeStore) -> tuple[ChunkPolicy
     aux = ["state"] if cfg.chunk.aux_state else []  # the auxiliary head's targets (never an input)
     if aux:
         store.array("state")  # a one-line StoreError if the store was collected without state
-    norm = fit_normalizer(store, [*(k for k in keys if k in VECTOR_KEYS), *aux, "actions"], mode="limits")
+    fitted = [*(k for k in keys if k in VECTOR_KEYS), *aux, "actions"]
+    norm = fit_normalizer(store, fitted, mode="limits")  # NonFiniteError at a NaN/inf of a fitted key
+    for k in keys:  # float keys the policy reads raw (depth): the same check, one chunk at a time; rgb is uint8
+        if k not in TEXT_KEYS and k not in fitted:
+            require_finite(store, k)
     policy = build_policy(cfg.policy_type, cfg.chunk, cfg.policy, obs_dims, store.action_dim, norm)
     return policy, obs_dims
 
