@@ -68,7 +68,7 @@ def test_train_refuses_a_store_with_nonfinite_values(stores, tmp_path, capsys, n
     assert _train(stores[name], tmp_path / "run") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"dmrl: error: dmrl store {stores[name]}: {line}"]
-    assert not (tmp_path / "run" / "checkpoint").exists()
+    assert not (tmp_path / "run").exists()  # refused before the run directory is made
 
 
 def test_a_clean_store_trains(stores, tmp_path):
@@ -82,7 +82,7 @@ def test_offline_rl_refuses_nonfinite_rewards(tmp_path, capsys):
     assert _train(path, tmp_path / "run", "--algo.type", "td3-bc", *CRITIC) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"dmrl: error: dmrl store {path}: rewards has NaN at episode 2, step 3; {FIX}"]
-    assert not (tmp_path / "run" / "checkpoint").exists()
+    assert not (tmp_path / "run").exists()
 
 
 def test_info_lists_nonfinite_values(stores, capsys):

@@ -229,9 +229,10 @@ def _scalars(logs: dict[str, Any], engine: Engine) -> dict[str, float]:
 def _train(
     cfg: TrainConfig, store: EpisodeStore, engine: Engine, progress: bool, hook: Callable[[dict], None] | None
 ) -> dict[str, Any]:
+    # Built before the run directory is touched: bad data (or a bad --init) fails with nothing written or deleted.
+    algo = build_algo(cfg, store, engine)
     out = prepare_out(cfg, engine)
     main = engine.is_main
-    algo = build_algo(cfg, store, engine)
     if cfg.online:
         from dmrl.train.online import OnlineSource
 
