@@ -231,14 +231,14 @@ def _train(
 ) -> dict[str, Any]:
     # Built before the run directory is touched: bad data (or a bad --init) fails with nothing written or deleted.
     algo = build_algo(cfg, store, engine)
-    out = prepare_out(cfg, engine)
-    main = engine.is_main
     if cfg.online:
         from dmrl.train.online import OnlineSource
 
         source: DataSource = OnlineSource(cfg, store, engine, hook)
     else:
         source = OfflineSource(cfg, store, engine)
+    out = prepare_out(cfg, engine)
+    main = engine.is_main
     start, summary = restore_state(cfg, out, algo, engine)
 
     watch = FiniteWatch(enabled=engine.precision != "fp16")  # fp16: the loss scaler skips non-finite steps
