@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Lowest first. Edit here when a module moves. Prefixes match whole dotted segments ("dmrl.data" is not
 #: "dmrl.database").
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("dmrl.types", "dmrl.config_utils", "dmrl._gl")),
+    ("base", ("dmrl.types", "dmrl.config_utils", "dmrl._gl", "dmrl.paths")),
     # The package root registers the environments with gymnasium (``import dmrl``), so it sits with envs.
     ("envs", ("dmrl.envs", "dmrl")),
     ("data", ("dmrl.data",)),

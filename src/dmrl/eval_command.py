@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dmrl.envs import env_spec
+from dmrl.paths import check_output_path
 from dmrl.types import OBS_MODES
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def run_eval(cfg: EvalConfig) -> dict:
     env_kwargs = {**paraphrases, **meta.get("env_kwargs", {})}
     default_dir = "eval_drop-" + "-".join(drop) if drop else "eval"
     out = cfg.out or Path(cfg.checkpoint).parent / default_dir
+    check_output_path(out)  # before the evaluation, not after it
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(cfg.seed, cfg.seed + cfg.episodes))
     result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=cfg.envs, drop=drop)

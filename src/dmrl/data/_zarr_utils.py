@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 from zarr.core.sync import sync
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; a second writer is not detected there
+    fcntl = None  # type: ignore[assignment]
 
 CORRUPT_HINT = "not a dmrl episode store, or corrupt; re-run dmrl collect"
 # A few hundred frames per image chunk keeps chunks at a few MB: big enough for zstd and sequential reads,
@@ -26,6 +34,66 @@ class StoreError(ValueError):
 
 class StoreExistsError(StoreError, FileExistsError):
     """`EpisodeStore.create` on a path that already exists (without overwrite, or not a store)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's writer lock (one-line message naming the store and its pid)."""
+
+
+#: The writer lock: a file inside the store, ``fcntl.flock``-ed for a whole write session. The OS drops the lock
+#: when the holder closes it or dies (SIGKILL included), so a crash never leaves a store locked.
+LOCK_FILE = ".dmrl-writer.lock"
+#: Locks this process holds: lock file path -> [fd, holders]. Writers in one process share the lock (flock would
+#: refuse a second open of the file even in the same process); it keeps out other processes.
+_HELD: dict[str, list[int]] = {}
+
+
+def lock_writer(path: Path) -> Callable[[], None]:
+    """Take the writer lock of the store at ``path`` (an existing directory); returns the function releasing it.
+
+    Raises StoreLockedError when another process holds it, StoreError when the lock file cannot be created.
+    """
+    if fcntl is None:
+        return lambda: None
+    key = os.path.realpath(path / LOCK_FILE)
+    entry = _HELD.get(key)
+    if entry is not None and not os.path.exists(key):  # the store was deleted and made anew while held here
+        entry = None
+    if entry is None:
+        try:
+            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StoreError(f"dmrl store {path}: cannot open its writer lock ({e.strerror}); is it writable?") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise StoreError(f"dmrl store {path}: cannot lock it for writing ({e.strerror})") from e
+            who = f"pid {holder}" if holder.isdigit() else "another process"
+            raise StoreLockedError(
+                f"dmrl store {path}: locked by {who}, which is writing to it; "
+                "wait for that writer to finish, or write to another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        entry = _HELD[key] = [fd, 0]
+    entry[1] += 1
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        entry[1] -= 1
+        if entry[1] == 0:
+            if _HELD.get(key) is entry:
+                del _HELD[key]
+            os.close(entry[0])  # closing the descriptor drops the flock
+
+    return release
 
 
 def step_chunks(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from dmrl.data.episodes import EpisodeStore
 from dmrl.envs.registry import EnvSpec, Expert, env_spec, resolve
+from dmrl.paths import check_output_path
 from dmrl.types import ARRAY_MODES, Episode, parse_obs_modes
 
 
@@ -205,6 +206,7 @@ def _sigint_deferred() -> Iterator[None]:
 
 def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
     """Collect ``cfg.episodes`` expert episodes into ``cfg.out``; returns the open store."""
+    check_output_path(cfg.out)  # one line, nothing created, before the env is even built
     spec = env_spec(cfg.env)
     probe = resolve(spec.factory)(**spec.kwargs, **cfg.env_kwargs())
     obs, _ = probe.reset(seed=cfg.seed)

@@ -19,14 +19,18 @@ Why this is crash-safe: zarr's LocalStore writes every chunk and metadata file t
 it into place, so a SIGKILL leaves each file either old or new, never torn. `append` writes all data first
 and the episode's `episode_ends` entry last; readers trust only the prefix of `episode_ends` that is valid
 (strictly increasing, not the -1 fill) and the data it covers. Opening with mode="a" truncates anything
-written beyond that prefix. Not covered: power loss (no fsync) and several concurrent writers.
+written beyond that prefix. A full disk mid-append is the same as a crash (one-line StoreError). One writer at a
+time: a writer holds an OS lock on ``<path>/.dmrl-writer.lock`` until it closes or dies, and a second process
+opening the store for writing is refused; readers take no lock. Not covered: power loss (no fsync).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import weakref
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +43,14 @@ from dmrl.data._zarr_utils import (
     StoreExistsError,
     clear_partial_files,
     episode_chunks,
+    lock_writer,
     read_root_attrs,
     require_array,
     step_chunks,
     write_batch,
     write_rows,
 )
+from dmrl.paths import is_disk_full
 from dmrl.types import ARRAY_MODES, ROUTES, Episode, InfoField, parse_obs_modes
 
 FORMAT_VERSION = 1
@@ -76,6 +82,7 @@ class EpisodeStore:
         self.path = path
         self.mode = mode
         self._root = root
+        self._lock: weakref.finalize | None = None  # the writer lock's release (mode "a"), run once
         self._attrs = _parse_attrs(path, dict(root.attrs))
         self.array_modes: tuple[str, ...] = tuple(m for m in self.obs_modes if m in ARRAY_MODES)
         self.episode_info: dict[str, InfoField] = _episode_info(path, self._attrs)
@@ -128,7 +135,11 @@ class EpisodeStore:
                 raise StoreExistsError(
                     f"dmrl store {path}: exists and is not a zarr store; refusing to delete it; choose another --out"
                 )
-            shutil.rmtree(path)
+            release_old = lock_writer(path)  # refuses to delete a store another process is writing
+            try:
+                shutil.rmtree(path)
+            finally:
+                release_old()
         attrs = {
             "dmrl_format_version": FORMAT_VERSION,
             "env_id": env_id,
@@ -142,25 +153,34 @@ class EpisodeStore:
             **(extra_attrs or {}),
         }
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
+        release = lock_writer(path)
 
         def new(name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0) -> None:
             root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill)
 
-        for m in array_modes:
-            shape, dtype = tuple(obs_spec[m][0]), np.dtype(obs_spec[m][1]).name
-            new(f"data/obs/{m}", (0, *shape), step_chunks(shape, dtype), dtype)
-            new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
-        new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
-        new("data/rewards", (0,), step_chunks((), "float32"), "float32")
-        categorical = [k for k, f in info_spec.items() if f.categories is not None]
-        for name, dtype in {**META_COLUMNS, **dict.fromkeys(categorical, "int8")}.items():
-            new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
-        for name in (*TEXT_COLUMNS, *(k for k in info_spec if k not in categorical)):
-            new(f"meta/{name}/utf8", (0,), (1 << 16,), "uint8")
-            new(f"meta/{name}/ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
-        # The -1 fill is what makes an entry whose chunk never got written read as "not committed".
-        new("meta/episode_ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
-        return cls(path, root, "a")
+        try:
+            for m in array_modes:
+                shape, dtype = tuple(obs_spec[m][0]), np.dtype(obs_spec[m][1]).name
+                new(f"data/obs/{m}", (0, *shape), step_chunks(shape, dtype), dtype)
+                new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
+            new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
+            new("data/rewards", (0,), step_chunks((), "float32"), "float32")
+            categorical = [k for k, f in info_spec.items() if f.categories is not None]
+            for name, dtype in {**META_COLUMNS, **dict.fromkeys(categorical, "int8")}.items():
+                new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
+            for name in (*TEXT_COLUMNS, *(k for k in info_spec if k not in categorical)):
+                new(f"meta/{name}/utf8", (0,), (1 << 16,), "uint8")
+                new(f"meta/{name}/ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
+            # The -1 fill is what makes an entry whose chunk never got written read as "not committed".
+            new("meta/episode_ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
+            store = cls(path, root, "a")
+        except BaseException as e:
+            release()
+            if not is_disk_full(e):
+                raise
+            shutil.rmtree(path, ignore_errors=True)  # an empty store, half made: nothing of value is lost
+            raise StoreError(f"disk full while creating dmrl store {path}: nothing was written; free space") from e
+        return store._hold(release)
 
     @classmethod
     def open(cls, path: str | Path, mode: str = "r") -> EpisodeStore:
@@ -169,13 +189,41 @@ class EpisodeStore:
             raise ValueError(f"EpisodeStore.open: mode must be 'r' or 'a', got {mode!r}")
         path = Path(path)
         read_root_attrs(path)  # one-line StoreError for a missing path or an unreadable root zarr.json
-        if mode == "a":
-            clear_partial_files(path)
+        release = lock_writer(path) if mode == "a" else None  # before touching anything another writer owns
         try:
-            root = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
-        except Exception as e:  # zarr raises several types for bad metadata; name the path either way
-            raise StoreError(f"dmrl store {path}: cannot open root group ({type(e).__name__}); {CORRUPT_HINT}") from e
-        return cls(path, root, mode)
+            if mode == "a":
+                clear_partial_files(path)
+            try:
+                root = zarr.open_group(str(path), mode="r" if mode == "r" else "r+")
+            except Exception as e:  # zarr raises several types for bad metadata; name the path either way
+                raise StoreError(
+                    f"dmrl store {path}: cannot open root group ({type(e).__name__}); {CORRUPT_HINT}"
+                ) from e
+            store = cls(path, root, mode)
+        except BaseException as e:
+            if release is not None:
+                release()
+            if mode == "a" and is_disk_full(e):  # dropping the uncommitted tail rewrites metadata
+                raise StoreError(f"disk full while opening dmrl store {path} for writing; free space") from e
+            raise
+        return store._hold(release) if release is not None else store
+
+    def _hold(self, release: Callable[[], None]) -> EpisodeStore:
+        # weakref.finalize runs `release` once: on close(), when the store is garbage collected, or at exit.
+        self._lock = weakref.finalize(self, release)
+        return self
+
+    def close(self) -> None:
+        """Release the writer lock (another process may then write); the store stays readable. Idempotent."""
+        if self._lock is not None:
+            self._lock()
+        self.mode = "r"
+
+    def __enter__(self) -> EpisodeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def refresh(self) -> None:
         """Re-read committed episodes (a reader following a live writer)."""
@@ -267,8 +315,17 @@ class EpisodeStore:
             raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
             writes.append((utf8, self._text_bytes[name], raw))
             writes.append((ends, e, np.asarray([self._text_bytes[name] + len(raw)], dtype=np.int64)))
-        write_batch(writes)  # everything but the commit, concurrently; returns only when all landed
-        write_rows(self._ends_array, e, np.asarray([s0 + ep.length], dtype=np.int64))  # the commit
+        try:
+            write_batch(writes)  # everything but the commit, concurrently; returns only when all landed
+            write_rows(self._ends_array, e, np.asarray([s0 + ep.length], dtype=np.int64))  # the commit
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            # Nothing of this episode is committed (the commit is one atomically renamed chunk, written last).
+            raise StoreError(
+                f"disk full while writing episode {e} to dmrl store {self.path}: the store keeps its {e} committed "
+                "episodes; free space, then add more with dmrl collect --append"
+            ) from err
         self._ends.append(s0 + ep.length)
         for name, value in values.items():
             self._meta[name].append(np.asarray(value, dtype=self._meta_dtypes[name]).item())

@@ -29,6 +29,7 @@ class ExportConfig:
 
 def run_export(cfg: ExportConfig) -> dict:
     from dmrl.export.onnx import export_onnx
+    from dmrl.paths import check_output_path
     from dmrl.policies.checkpoint import load_policy
 
     policy, meta = load_policy(cfg.checkpoint)
@@ -37,6 +38,7 @@ def run_export(cfg: ExportConfig) -> dict:
             raise ValueError(f"--inference-steps applies to diffusion policies; {cfg.checkpoint} is {policy.name}")
         policy.set_sampler(cfg.inference_steps)
     out = cfg.out or Path(cfg.checkpoint) / "policy.onnx"
+    check_output_path(out, directory=False)  # it writes OUT and OUT.json
     report = export_onnx(policy, out, cfg.batch_size, meta={"checkpoint": str(cfg.checkpoint), **meta})
     summary = {
         "onnx": str(report.path),

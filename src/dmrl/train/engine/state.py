@@ -3,8 +3,9 @@
 Layout: ``<run>/state/step_00001000/`` holding ``<name>.safetensors`` per weight set (model, ema), ``trainer.pt``
 (optimizer / scheduler / scaler / trainer counters), ``rng.pt`` (one entry per rank) and ``meta.json``, which
 is written last. A state is written into a hidden ``.step_*.partial`` directory and renamed into place, so a
-crash (SIGKILL included) leaves either the previous states or a complete new one; ``keep_last`` complete states
-are kept. Everything loads with ``torch.load(weights_only=True)``: no pickled code.
+crash (SIGKILL included) or a full disk leaves either the previous states or a complete new one; ``keep_last``
+complete states are kept (older ones are deleted only after the new one is in place). Everything loads with
+``torch.load(weights_only=True)``: no pickled code.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from dmrl.paths import is_disk_full
 from dmrl.train.engine.device import rng_state, set_rng_state
 from dmrl.train.engine.distributed import DistInfo, barrier, gather_to_main, scatter_from_main
 
@@ -83,22 +85,34 @@ def save_state(
     final = None
     if info.is_main:
         root = Path(run_dir) / STATE_DIR
-        root.mkdir(parents=True, exist_ok=True)
         final = root / f"step_{step:08d}"
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}.", suffix=".partial"))
+        tmp = None
         try:
+            root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}.", suffix=".partial"))
             for name, sd in tensors.items():
                 save_file({k: v.detach().cpu().clone() for k, v in sd.items()}, str(tmp / f"{name}.safetensors"))
-            torch.save(objects, tmp / "trainer.pt")
-            torch.save({"ranks": rngs}, tmp / "rng.pt")
+            # Through Python file objects: torch.save on a path reports a full disk without its errno.
+            with open(tmp / "trainer.pt", "wb") as f:
+                torch.save(objects, f)
+            with open(tmp / "rng.pt", "wb") as f:
+                torch.save({"ranks": rngs}, f)
             meta = {"format": FORMAT, "step": step, "world_size": info.world_size, "tensors": sorted(tensors)}
             (tmp / "meta.json").write_text(json.dumps(meta))  # last: its presence marks the state complete
             if final.exists():  # the same step saved again after a resume: the old copy is equivalent
                 shutil.rmtree(final)
             os.replace(tmp, final)
+        except Exception as e:
+            if not is_disk_full(e):
+                raise
+            kept = state_dirs(run_dir)
+            prev = f"the previous state {kept[-1].name} is kept" if kept else "there is no earlier state"
+            raise RuntimeError(
+                f"disk full while writing training state {final}: {prev}; free space, then continue with --resume"
+            ) from e
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+            if tmp is not None and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
         for old in state_dirs(run_dir)[:-keep_last]:
             shutil.rmtree(old)
         for stale in root.glob(".step_*.partial"):  # left by a crash mid-write

@@ -1,0 +1,150 @@
+"""Unusable output paths (--out under a file, in a read-only directory, an impossible name): every command that
+writes fails in one line before any work starts, with exit status 2 and nothing created."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dmrl.cli import main
+from dmrl.data import EpisodeStore
+from dmrl.paths import check_output_path
+from dmrl.types import Episode
+
+CHECKPOINT = Path(__file__).parent / "artifacts" / "golden_diffusion"
+COMMANDS = ["collect", "train", "eval", "export"]
+
+
+def _store(path: Path) -> Path:
+    st = EpisodeStore.create(
+        path,
+        env_id="dmrl/MultiPathGrasp-v0",
+        obs_modes=("state",),
+        action_meaning=["a", "b", "c"],
+        obs_spec={"state": ((5,), "float32")},
+        action_dim=3,
+    )
+    rng = np.random.default_rng(0)
+    for seed in range(2):
+        st.append(
+            Episode(
+                obs={"state": rng.normal(size=(20, 5)).astype(np.float32)},
+                final_obs={"state": rng.normal(size=5).astype(np.float32)},
+                actions=rng.uniform(-1, 1, (20, 3)).astype(np.float32),
+                rewards=np.zeros(20, np.float32),
+                terminated=True,
+                truncated=False,
+                instruction="",
+                target="",
+                route=None,
+                success=True,
+                seed=seed,
+            )
+        )
+    st.close()
+    return path
+
+
+def _argv(command: str, parent: Path, tmp_path: Path) -> tuple[list[str], Path]:
+    """The command's argv writing below ``parent``, and the --out it names."""
+    if command == "collect":
+        out = parent / "d.zarr"
+        return ["collect", "--out", str(out), "--episodes", "1", "--workers", "0", "--obs-modes", "state"], out
+    if command == "train":
+        out = parent / "run"
+        dataset = _store(tmp_path / "data.zarr")
+        return ["train", "--dataset", str(dataset), "--out", str(out), "--steps", "2"], out
+    if command == "eval":
+        out = parent / "eval"
+        return ["eval", "--checkpoint", str(CHECKPOINT), "--out", str(out), "--episodes", "1", "--envs", "1"], out
+    out = parent / "policy.onnx"
+    return ["export", "--checkpoint", str(CHECKPOINT), "--out", str(out)], out
+
+
+def _files(root: Path) -> set[Path]:
+    return set(root.rglob("*"))
+
+
+def _run(argv: list[str], tmp_path: Path, capsys) -> str:
+    capsys.readouterr()
+    before = _files(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert _files(tmp_path) == before, "nothing may be created"
+    return err[0]
+
+
+# The lead wires check_output_path into dmrl.train.run (train's --out); until then train fails with a traceback.
+_TRAIN_PENDING = pytest.mark.xfail(
+    reason="dmrl.train.run does not call check_output_path yet; remove this marker when it does",
+    strict=True,
+)
+PARAMS = [pytest.param(c, marks=_TRAIN_PENDING) if c == "train" else c for c in COMMANDS]
+
+
+@pytest.mark.parametrize("command", PARAMS)
+def test_out_under_a_file(command, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    argv, out = _argv(command, blocker, tmp_path)
+    line = _run(argv, tmp_path, capsys)
+    assert line == f"dmrl: error: --out {out}: its parent {blocker} is a file; choose another --out"
+
+
+def _read_only_dir(tmp_path: Path) -> Path:
+    ro = tmp_path / "read_only"
+    ro.mkdir()
+    ro.chmod(0o500)
+    return ro
+
+
+@pytest.mark.parametrize("command", PARAMS)
+def test_out_in_a_read_only_directory(command, tmp_path, capsys):
+    ro = _read_only_dir(tmp_path)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as root: a 0o500 directory is still writable")
+        argv, out = _argv(command, ro, tmp_path)
+        line = _run(argv, tmp_path, capsys)
+        assert line == f"dmrl: error: --out {out}: its parent {ro} is not writable; choose another --out"
+    finally:
+        ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("command", PARAMS)
+def test_out_in_a_directory_the_os_says_is_not_writable(command, tmp_path, capsys, monkeypatch):
+    """The read-only case where root can write anywhere: os.access reports the directory as read-only."""
+    ro = _read_only_dir(tmp_path)
+    ro.chmod(0o700)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: False if Path(p) == ro else real(p, m, **kw))
+    argv, out = _argv(command, ro, tmp_path)
+    line = _run(argv, tmp_path, capsys)
+    assert line == f"dmrl: error: --out {out}: its parent {ro} is not writable; choose another --out"
+
+
+def test_check_output_path_cases(tmp_path):
+    blocker = tmp_path / "f"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=rf"^--out {blocker}/a/b: its ancestor {blocker} is a file; choose"):
+        check_output_path(blocker / "a" / "b")
+    with pytest.raises(ValueError, match=rf"^--out {blocker}: is a file, not a directory; choose another --out$"):
+        check_output_path(blocker)
+    with pytest.raises(ValueError, match=rf"^--out {tmp_path}: is a directory, not a file"):
+        check_output_path(tmp_path, directory=False)
+    with pytest.raises(ValueError, match="is longer than 255 bytes, so it cannot be created"):
+        check_output_path(tmp_path / ("x" * 300) / "run")
+    with pytest.raises(ValueError, match=r"^--dataset-out "):
+        check_output_path(blocker / "x", "--dataset-out")
+    # valid outputs pass and create nothing
+    before = _files(tmp_path)
+    check_output_path(tmp_path)  # an existing directory (append, resume)
+    check_output_path(tmp_path / "new" / "deeper" / "run")  # parents made later
+    check_output_path(blocker, directory=False)  # an existing file is overwritten
+    check_output_path(tmp_path / "policy.onnx", directory=False)
+    check_output_path(Path("relative_run_dir_that_does_not_exist"))
+    assert _files(tmp_path) == before
