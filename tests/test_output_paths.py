@@ -78,12 +78,7 @@ def _run(argv: list[str], tmp_path: Path, capsys) -> str:
     return err[0]
 
 
-# The lead wires check_output_path into dmrl.train.run (train's --out); until then train fails with a traceback.
-_TRAIN_PENDING = pytest.mark.xfail(
-    reason="dmrl.train.run does not call check_output_path yet; remove this marker when it does",
-    strict=True,
-)
-PARAMS = [pytest.param(c, marks=_TRAIN_PENDING) if c == "train" else c for c in COMMANDS]
+PARAMS = list(COMMANDS)
 
 
 @pytest.mark.parametrize("command", PARAMS)

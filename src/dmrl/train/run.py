@@ -26,6 +26,7 @@ from tqdm import tqdm
 from dmrl.algos import ALGOS
 from dmrl.config_utils import choices, to_dict, type_name
 from dmrl.data import EpisodeStore
+from dmrl.paths import check_output_path
 from dmrl.policies import ChunkPolicy
 from dmrl.policies.checkpoint import load_policy, save_policy
 from dmrl.train.config import TrainConfig, flat
@@ -89,6 +90,7 @@ def train(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] 
     Runs alone or as one rank under torchrun (behaviour cloning; see dmrl.train.engine): only rank 0 logs and
     writes files. ``hook(info)`` (online tests) is called every loop iteration with the source's state.
     """
+    check_output_path(cfg.out)  # before any work: an unusable --out is a one-line error, nothing created
     if cfg.init is not None and not (Path(cfg.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {cfg.init}: not a policy checkpoint directory (a run's checkpoint/)")
     store = EpisodeStore.open(cfg.dataset)
