@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dmrl.envs import env_spec
+from dmrl.envs.language import SPLITS
 from dmrl.paths import check_output_path
 from dmrl.types import OBS_MODES
 
@@ -52,6 +53,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.envs < 1:
             raise ValueError(f"--episodes and --envs must be >= 1, got {self.episodes} and {self.envs}")
+        if self.seed < 0 or self.gif_episodes < 0:
+            raise ValueError(f"--seed and --gif-episodes must be >= 0, got {self.seed} and {self.gif_episodes}")
+        if self.paraphrases not in SPLITS:
+            raise ValueError(f"--paraphrases: got {self.paraphrases!r}; allowed: {', '.join(SPLITS)}")
         if self.env is not None:
             env_spec(self.env)  # one-line error naming the registered envs
         self.drop_modality = tuple(dict.fromkeys(m.strip() for part in self.drop_modality for m in part.split(",")))

@@ -74,6 +74,8 @@ class CollectConfig:
             raise ValueError(f"--episodes: got {self.episodes}; must be >= 1")
         if self.workers < 0:
             raise ValueError(f"--workers: got {self.workers}; must be >= 0")
+        if self.seed < 0:
+            raise ValueError(f"--seed: got {self.seed}; must be >= 0 (env seeds are non-negative)")
         if not 0 <= self.miss_prob <= 1:
             raise ValueError(f"--miss-prob: got {self.miss_prob}; allowed 0 .. 1")
         if spec.expert is None:

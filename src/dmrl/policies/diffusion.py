@@ -17,6 +17,8 @@ from torch import Tensor, nn
 from dmrl.data import Normalizer
 from dmrl.diffusion import (
     PRED_TYPES,
+    SCHEDULE_KINDS,
+    TIMESTEP_SPACINGS,
     DDIMSampler,
     HybridWeights,
     diffusion_loss,
@@ -78,6 +80,13 @@ class DiffusionPolicyConfig:
             )
         if not isinstance(self.noise_samples, int) or self.noise_samples < 1:
             raise ValueError(f"diffusion noise_samples: got {self.noise_samples!r}; allowed an integer >= 1")
+        if self.schedule not in SCHEDULE_KINDS:
+            raise ValueError(f"diffusion schedule: got {self.schedule!r}; allowed: {', '.join(SCHEDULE_KINDS)}")
+        if self.timestep_spacing not in TIMESTEP_SPACINGS or self.ddim_eta < 0:
+            raise ValueError(
+                f"diffusion timestep_spacing / ddim_eta: got {self.timestep_spacing!r} / {self.ddim_eta}; allowed: "
+                f"{', '.join(TIMESTEP_SPACINGS)} / >= 0"
+            )
         if self.sample_head not in SAMPLE_HEADS:
             raise ValueError(f"diffusion sample_head: got {self.sample_head!r}; allowed: {', '.join(SAMPLE_HEADS)}")
         if self.sample_head != "both" and self.prediction_type != "hybrid":

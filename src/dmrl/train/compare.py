@@ -20,6 +20,9 @@ from typing import Any, Generic, TypeVar
 
 from dmrl.algos.bc import BCConfig
 from dmrl.config_utils import merge, to_dict
+from dmrl.data import EpisodeStore
+from dmrl.envs import env_spec
+from dmrl.paths import check_output_path
 from dmrl.policies import ChunkConfig
 from dmrl.policies.diffusion import DiffusionPolicyConfig
 from dmrl.policies.gaussian import GaussianPolicyConfig
@@ -121,6 +124,12 @@ class CompareConfig(Generic[T]):
             raise ValueError(f"--lrs: got {self.lrs}; need one or more positive learning rates")
         if self.eval_episodes < 1 or self.select_episodes < 0 or self.parallel < 1:
             raise ValueError("--eval-episodes >= 1, --select-episodes >= 0 and --parallel >= 1 are required")
+        if self.episodes < 1 or self.eval_envs < 1 or self.select_seed < 0 or self.eval_seed < 0:
+            raise ValueError(
+                f"need --episodes >= 1, --eval-envs >= 1, --select-seed >= 0 and --eval-seed >= 0; got "
+                f"{self.episodes}, {self.eval_envs}, {self.select_seed} and {self.eval_seed}"
+            )
+        env_spec(self.env)  # one-line error naming the registered envs
 
 
 def _train_one(cfg: TrainConfig) -> dict[str, Any]:
@@ -150,6 +159,14 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
 
     configure_cpu_threads(cfg.train.engine.cpu_threads)  # policy inference here runs next to env worker processes
     t_start = time.perf_counter()
+    # Every input check before --out is created: the output path, the dataset, each run's settings.
+    check_output_path(cfg.out)
+    if cfg.dataset is not None:
+        EpisodeStore.open(cfg.dataset).close()
+    planned = cfg.dataset if cfg.dataset is not None else cfg.out / "dataset.zarr"
+    for policy in cfg.policies:
+        for lr in cfg.lrs:
+            cfg.train.run(planned, cfg.out / "runs" / f"{policy}_lr{lr:g}", policy, lr)
     cfg.out.mkdir(parents=True, exist_ok=True)
     dataset = _dataset(cfg)
     runs = {}
@@ -313,6 +330,7 @@ QUICK: dict[str, Any] = {
 def run_demo(cfg: DemoConfig) -> None:
     from dmrl.envs.plotting import save_scene_figure
 
+    check_output_path(cfg.out)  # before the scene is rendered
     save_scene_figure(_scene_frames(), cfg.out / "scene.png")
     log.info("scene: %s", cfg.out / "scene.png")
     compare_cfg = merge(CompareConfig(), QUICK) if cfg.quick else CompareConfig()

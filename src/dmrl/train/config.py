@@ -171,6 +171,11 @@ class TrainConfig(Generic[P, A, S, C]):
             raise ValueError("--resume and --overwrite exclude each other: resume keeps the run, overwrite deletes it")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(f"--steps and --batch-size must be >= 1, got {self.steps} and {self.batch_size}")
+        if self.seed < 0 or self.eval_episodes < 0 or self.eval_seed < 0 or self.eval_envs < 1:
+            raise ValueError(
+                f"need --seed >= 0, --eval-episodes >= 0, --eval-seed >= 0 and --eval-envs >= 1; got {self.seed}, "
+                f"{self.eval_episodes}, {self.eval_seed} and {self.eval_envs}"
+            )
         needs = ALGOS[self.algo_type][2]
         if needs is not None and self.policy_type != needs:
             raise ValueError(

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dmrl.train.engine.device import (
+    DEVICE_KINDS,
     PRECISIONS,
     autocast,
     configure_cpu_threads,
@@ -61,6 +62,9 @@ class EngineConfig:
     """fp16: initial loss scale."""
 
     def __post_init__(self) -> None:
+        kind, _, index = self.device.partition(":")
+        if self.device != "auto" and (kind not in DEVICE_KINDS or (index and not index.isdigit())):
+            raise ValueError(f"--engine.device: got {self.device!r}; allowed: auto, cpu, cuda[:i], npu[:i]")
         if self.precision not in PRECISIONS:
             raise ValueError(f"--engine.precision: got {self.precision!r}; allowed: {', '.join(PRECISIONS)}")
         if self.grad_clip < 0 or self.accumulate < 1 or self.cpu_threads < 1:
