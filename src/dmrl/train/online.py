@@ -2,17 +2,22 @@
 replay ring with chunk transitions of the newest published actor; the training loop samples it (PER) and updates.
 
 --dataset supplies the normaliser statistics and shapes (and --init the starting weights). Ctrl-C / SIGTERM: the
-stop event ends every child, the state so far is saved, and the run can --resume (the replay ring starts empty).
+stop event ends every child, the state so far is saved, and the run can --resume. Every training state holds the
+replay rings as they were when it was saved (replay.npz, successes.npz, online.json), so a resumed run, after a
+SIGKILL too, starts from the replay of its state. A collector or the evaluator that dies is restarted; children
+die with a SIGKILLed learner (dmrl.train.online_workers).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import multiprocessing as mp
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,6 +75,32 @@ class Collectors:
         return events
 
 
+class Evaluator:
+    """The evaluator process: started, restarted when it died (with new queues: a process killed inside get() or
+    put() can leave a queue's lock held or half a message in its pipe), stopped."""
+
+    def __init__(self, ctx: Any, args: Callable[[Any, Any], tuple]) -> None:
+        self.ctx, self.args, self.restarts = ctx, args, 0
+        self.proc, self.inbox, self.outbox = self._start()
+
+    def _start(self) -> tuple[Any, Any, Any]:
+        inbox, outbox = self.ctx.Queue(), self.ctx.Queue()
+        p = self.ctx.Process(target=evaluator_main, args=self.args(inbox, outbox), daemon=True, name="evaluator")
+        p.start()
+        return p, inbox, outbox
+
+    def restart_dead(self) -> list[dict[str, Any]]:
+        """Restart the evaluator if it died (snapshots sent to it and not scored are lost); -> event records."""
+        if self.proc.is_alive():
+            return []
+        dead = self.proc
+        self.restarts += 1
+        log.warning("online: evaluator (pid %s) died with exit code %s; restarting", dead.pid, dead.exitcode)
+        close_queues(self.inbox, self.outbox)
+        self.proc, self.inbox, self.outbox = self._start()
+        return [{"evaluator_restart": self.restarts, "exitcode": dead.exitcode}]
+
+
 def stop_children(procs: list[Any], stop: Any, timeout: float = 10.0) -> None:
     """Set ``stop``, join each child for up to ``timeout`` s in all, terminate (then kill) the stragglers."""
     stop.set()
@@ -112,17 +143,21 @@ class OnlineSource:
             self.env_kwargs["max_steps"] = self.oc.max_episode_steps
         self.ctx = mp.get_context("spawn")
         self.collectors: Collectors | None = None
-        self.evaluator: Any = None
+        self.evaluator: Evaluator | None = None
         self.buf: Any = None
         self.good: Any = None
         self.board: Any = None
-        self.inbox: Any = None
-        self.outbox: Any = None
         self.old_term: Any = None
         self.snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
         self.idx: Any = None
         self.stop: Any = None
-        self.closed = False
+        self.resume_dir: Path | None = None
+        self.pending: list[dict] = []  # records for the next events() call (replay_restored)
+        self.halted = self.closed = False
+
+    def restore(self, state_dir: Path) -> None:
+        """--resume: start() fills the rings from this training state's replay files (when it has them)."""
+        self.resume_dir = Path(state_dir)
 
     def start(self, algo: Any, start_step: int) -> None:
         """Replay rings (prefilled from --dataset if asked), weight board, collectors and evaluator processes."""
@@ -134,7 +169,8 @@ class OnlineSource:
         if oc.bc_data == "successes":
             uniform = dataclasses.replace(oc.replay, prioritized=False)
             self.good = ReplayBuffer(transition_spec(actor_cpu), uniform, shared=True)
-        if oc.prefill_from_dataset:
+        restored = self._load_replay() if self.resume_dir is not None else None
+        if oc.prefill_from_dataset and restored is None:
             c = cfg.chunk
             demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
             log.info("online: replay prefilled with %d chunk transitions of %s", prefill_replay(self.buf, demos),
@@ -147,37 +183,82 @@ class OnlineSource:
                 log.info("online: %d of them from its %d successful episodes to imitate",
                          prefill_replay(self.good, wins), len(won))  # fmt: skip
         ctx = self.ctx
-        self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", 0)
+        env_steps = self.env_steps0 = int(restored["env_steps"]) if restored else 0
+        self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", env_steps)
         good = self.good
         args = lambda i, seed: (  # noqa: E731
             i, actor_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
             self.stop, oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
             good.handle() if good else None,
         )  # fmt: skip
-        self.inbox, self.outbox = ctx.Queue(), ctx.Queue()
         self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)
         self.collectors = Collectors(ctx, args, oc.n_collectors)
         if oc.eval_every:
             seeds = list(range(cfg.eval_seed, cfg.eval_seed + oc.eval_episodes))
-            self.evaluator = ctx.Process(
-                target=evaluator_main,
-                args=(actor_cpu, self.env_id, self.env_kwargs, seeds, self.inbox, self.outbox, self.stop),
-                daemon=True,
-            )
-            self.evaluator.start()
+            eval_args = lambda inbox, outbox: (  # noqa: E731
+                actor_cpu, self.env_id, self.env_kwargs, seeds, inbox, outbox, self.stop,
+            )  # fmt: skip
+            self.evaluator = Evaluator(ctx, eval_args)
+
+    # --- the replay in training states --------------------------------------------------------------------
+
+    def write_state(self, state_dir: Path) -> None:
+        """Into a training state being written: the rings' slots, counters and priorities (replay.npz, and
+        successes.npz for self-imitation) and online.json (env steps, ring sizes). Collectors keep running: each
+        ring is copied under its lock, so the copy holds whole items only."""
+        sizes: dict[str, int] = {"env_steps": int(self.env_steps.value)}
+        for name, ring in (("replay", self.buf), ("successes", self.good)):
+            if ring is None:
+                continue
+            state = ring.state_dict()
+            with open(Path(state_dir) / f"{name}.npz", "wb") as f:  # a file object: a full disk keeps its errno
+                np.savez(f, **state)
+            sizes[f"{name}_size"] = min(int(state["__count__"]), ring.capacity)
+            sizes[f"{name}_written"] = int(state["__count__"])
+        (Path(state_dir) / "online.json").write_text(json.dumps(sizes))
+
+    def _load_replay(self) -> dict[str, int] | None:
+        """The resume state's rings put back (None if it has none: a state of a dmrl before replay saving)."""
+        assert self.resume_dir is not None
+        meta_path = self.resume_dir / "online.json"
+        if not meta_path.is_file():
+            log.warning("online: %s holds no replay; the replay ring starts empty", self.resume_dir)
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            for name, ring in (("replay", self.buf), ("successes", self.good)):
+                if ring is not None:
+                    with np.load(self.resume_dir / f"{name}.npz") as z:
+                        ring.load_state_dict({k: z[k] for k in z.files})
+        except (OSError, ValueError, KeyError) as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(
+                f"training state {self.resume_dir}: its replay is unreadable ({msg}); "
+                "delete that directory to resume from the one before"
+            ) from None
+        record = {"replay_restored": len(self.buf), "replay_written": self.buf.n_written,
+                  "env_steps_restored": int(meta.get("env_steps", 0))}  # fmt: skip
+        if self.good is not None:
+            record["successes_restored"] = len(self.good)
+        log.info("online: replay restored from %s: %d items", self.resume_dir.name, len(self.buf))
+        self.pending.append(record)
+        return meta
 
     def exhausted(self) -> bool:
         return bool(self.oc.env_steps and self.env_steps.value >= self.oc.env_steps)
 
     def events(self, step: int) -> list[dict]:
         """Collector restarts, and evaluations that finished (with the env steps collected at their snapshot)."""
-        records = self.collectors.restart_dead()
-        while not self.outbox.empty():
-            rec = self.outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
-            records.append({"eval_env_steps": self.snapshot_env_steps.pop(rec["update"], None), **rec})
+        records, self.pending = [*self.pending, *self.collectors.restart_dead()], []
+        ev = self.evaluator
+        if ev is not None:
+            records += ev.restart_dead()
+            while not ev.outbox.empty():
+                rec = ev.outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
+                records.append({"eval_env_steps": self.snapshot_env_steps.pop(rec["update"], None), **rec})
         if self.hook is not None:
             self.hook({"update": step, "collector_pids": self.collectors.pids, "replay": self.buf,
-                       "successes": self.good})  # fmt: skip
+                       "successes": self.good, "evaluator_pid": ev.proc.pid if ev else None})  # fmt: skip
         return records
 
     def next_batch(self, step: int) -> dict | None:
@@ -200,13 +281,13 @@ class OnlineSource:
         self.buf.update_priorities(self.idx, logs["td_error"])
         if step % self.oc.publish_every == 0:
             self.board.publish(_cpu_copy(algo.policy))
-        if self.oc.eval_every and step % self.oc.eval_every == 0:
-            self.inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
+        if self.evaluator is not None and step % self.oc.eval_every == 0:
+            self.evaluator.inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
             self.snapshot_env_steps[step] = self.env_steps.value
 
     def rates(self, steps: int, seconds: float) -> dict[str, float]:
         return {"env_steps": self.env_steps.value, "replay_size": len(self.buf), "updates_per_s": steps / seconds,
-                "env_steps_per_s": self.env_steps.value / seconds,
+                "env_steps_per_s": (self.env_steps.value - self.env_steps0) / seconds,
                 **({"successes_size": len(self.good)} if self.good is not None else {})}  # fmt: skip
 
     def validation(self, step: int, algo: Any) -> dict[str, float]:
@@ -221,19 +302,29 @@ class OnlineSource:
 
     def meta(self) -> dict[str, Any]:
         restarts = self.collectors.restarts if self.collectors is not None else 0
-        return {"online": True, "env_steps": self.env_steps.value, "collector_restarts": restarts}
+        return {"online": True, "env_steps": self.env_steps.value, "collector_restarts": restarts,
+                "evaluator_restarts": self.evaluator.restarts if self.evaluator is not None else 0}  # fmt: skip
+
+    def halt(self) -> None:
+        """Stop every child and close the queues; the rings stay readable (write_state) until close()."""
+        if self.halted:
+            return
+        self.halted = True
+        ev = self.evaluator
+        procs = [*(self.collectors.procs if self.collectors else []), *([ev.proc] if ev else [])]
+        if self.stop is not None:
+            stop_children(procs, self.stop)
+        if ev is not None:
+            close_queues(ev.inbox, ev.outbox)
+        if self.old_term is not None:
+            signal.signal(signal.SIGTERM, self.old_term)
 
     def close(self) -> None:
         """Stop every child, close the queues and free the shared rings (idempotent; safe after a failed start)."""
         if self.closed:
             return
         self.closed = True
-        procs = [*(self.collectors.procs if self.collectors else []), *([self.evaluator] if self.evaluator else [])]
-        if self.stop is not None:
-            stop_children(procs, self.stop)
-        close_queues(*(q for q in (self.inbox, self.outbox) if q is not None))
-        if self.old_term is not None:
-            signal.signal(signal.SIGTERM, self.old_term)
+        self.halt()
         if self.board is not None:
             self.board.close()
         for ring in (self.buf, self.good):

@@ -10,8 +10,12 @@ a ChunkTransitionDataset item, with nested obs keys joined by a dot so they fit 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import multiprocessing as mp
+import os
 import queue
 import signal
+import sys
 from typing import Any
 
 import numpy as np
@@ -163,6 +167,25 @@ def _quiet_signals() -> None:
     # Ctrl-C reaches the whole process group: children leave through the stop event, not a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+
+
+def _die_with_parent() -> None:
+    """A SIGKILLed learner sets no stop event and runs no cleanup: its children must not outlive it. Linux:
+    the kernel sends SIGKILL when the parent dies (PR_SET_PDEATHSIG); :func:`parent_gone` is the portable
+    check the loops make too."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if parent_gone():  # died before prctl took effect
+        os._exit(1)
+
+
+def parent_gone() -> bool:
+    """Whether the process that started this one has exited (this one was re-parented)."""
+    parent = mp.parent_process()
+    return parent is not None and os.getppid() != parent.pid
 
 
 def collector_main(
@@ -209,8 +232,10 @@ def collector_main(
                     good.add(stacked)
                 with steps.get_lock():
                     steps.value += int(sum(it["valid"].sum() for it in items))
-                if stop.is_set():
+                if stop.is_set() or parent_gone():
                     break
+            if parent_gone():
+                break
     finally:
         buf.close()
         if good is not None:
@@ -233,7 +258,7 @@ def evaluator_main(
     env = make_env(env_id, **env_kwargs)
     policy.eval()
     try:
-        while not stop.is_set():
+        while not stop.is_set() and not parent_gone():
             try:
                 update, flat = inbox.get(timeout=0.2)
             except queue.Empty:

@@ -83,6 +83,11 @@ class DataSource(Protocol):
 
     def close(self) -> None: ...  # idempotent: stop children, free shared memory
 
+    # Optional (OnlineSource has them; a source without them has no state beyond the algorithm's):
+    #   write_state(state_dir)  writes its own files into a training state being saved (the replay rings)
+    #   restore(state_dir)      called before start() on --resume with the state loaded
+    #   halt()                  stops its children but keeps what write_state needs (Ctrl-C's final save)
+
 
 def train(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Train, save ``out/checkpoint`` and return a summary (last logged metrics, meta, optional evaluation).
@@ -192,11 +197,12 @@ def build_algo(cfg: TrainConfig, store: EpisodeStore, engine: Engine) -> torch.n
     return ALGOS[cfg.algo_type][0].build(policy, cfg.algo, engine, cfg.steps)
 
 
-def restore_state(cfg: TrainConfig, out: Path, algo: Any, engine: Engine) -> tuple[int, dict]:
-    """With --resume, load the newest state of ``out`` into the algorithm and the engine; -> (step, last log)."""
+def restore_state(cfg: TrainConfig, out: Path, algo: Any, engine: Engine) -> tuple[int, dict, Path | None]:
+    """With --resume, load the newest state of ``out`` into the algorithm and the engine;
+    -> (step, last log, its state directory)."""
     state = load_latest_state(out, engine.dist, cfg.seed) if cfg.resume else None
     if state is None:
-        return 0, {}
+        return 0, {}, None
     algo.load_state_dict(state.tensors["algo"])
     for name, opt in algo.optimizers.items():
         opt.load_state_dict(state.objects["optimizers"][name])
@@ -206,11 +212,20 @@ def restore_state(cfg: TrainConfig, out: Path, algo: Any, engine: Engine) -> tup
     algo.n_updates = state.objects["n_updates"]
     if engine.is_main:
         log.info("resuming %s from %s (step %d of %d)", out, state.path.name, state.step, cfg.steps)
-    return state.step, state.objects["last_log"]
+    return state.step, state.objects["last_log"], state.path
 
 
-def save_training_state(cfg: TrainConfig, out: Path, step: int, algo: Any, engine: Engine, last_log: dict) -> None:
-    """A resumable state of the whole algorithm (networks, targets, optimizers, schedules) and the engine."""
+def save_training_state(
+    cfg: TrainConfig,
+    out: Path,
+    step: int,
+    algo: Any,
+    engine: Engine,
+    last_log: dict,
+    extra: Callable[[Path], None] | None = None,
+) -> None:
+    """A resumable state of the whole algorithm (networks, targets, optimizers, schedules) and the engine;
+    ``extra(dir)`` adds the data source's own files (online: the replay) to the same state directory."""
     objects = {
         "optimizers": {name: opt.state_dict() for name, opt in algo.optimizers.items()},
         "schedulers": {name: s.state_dict() for name, s in getattr(algo, "schedulers", {}).items()},
@@ -218,7 +233,7 @@ def save_training_state(cfg: TrainConfig, out: Path, step: int, algo: Any, engin
         "n_updates": algo.n_updates,
         "last_log": last_log,
     }
-    save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last)
+    save_state(out, step, engine.dist, {"algo": algo.state_dict()}, objects, cfg.engine.keep_last, extra)
 
 
 def _scalars(logs: dict[str, Any], engine: Engine) -> dict[str, float]:
@@ -241,14 +256,16 @@ def _train(
         source = OfflineSource(cfg, store, engine)
     out = prepare_out(cfg, engine)
     main = engine.is_main
-    start, summary = restore_state(cfg, out, algo, engine)
+    start, summary, state_dir = restore_state(cfg, out, algo, engine)
+    if state_dir is not None and hasattr(source, "restore"):
+        source.restore(state_dir)  # online: the replay it had at that state, loaded before collectors start
 
     watch = FiniteWatch(enabled=engine.precision != "fp16")  # fp16: the loss scaler skips non-finite steps
     saved = [start or None]  # the newest state on disk, named in a non-finite error
 
     def save(step: int) -> None:
         watch.check(saved[0])  # never a non-finite state over a good one
-        save_training_state(cfg, out, step, algo, engine, summary)
+        save_training_state(cfg, out, step, algo, engine, summary, getattr(source, "write_state", None))
         saved[0] = step
 
     run_log, bar, step = None, None, start
@@ -287,11 +304,13 @@ def _train(
                 t0 += time.perf_counter() - t_curve  # train_seconds and samples/s count training only
             if cfg.engine.save_every and step % cfg.engine.save_every == 0 and step < cfg.steps:
                 save(step)
+        engine.check_replicas(algo.actor)
+        save(step)  # before source.close(): an online source saves its replay with the state
     except KeyboardInterrupt:
         # Ctrl-C / SIGTERM: keep the progress made since the last state (one process only: a collective save
         # needs every rank, and torchrun stops them all). The RNG has moved past a half-done step, so the resumed
         # run is valid but not bit-identical to an uninterrupted one.
-        source.close()
+        getattr(source, "halt", source.close)()  # children stopped (an online replay stays readable)
         if not engine.dist.enabled and step > start:
             save(step)
         raise
@@ -301,8 +320,6 @@ def _train(
             bar.close()
         if run_log is not None:
             run_log.close()
-    engine.check_replicas(algo.actor)
-    save(step)
     meta = {
         "env_id": store.attrs["env_id"],
         "env_kwargs": env_kwargs_from_store(store),

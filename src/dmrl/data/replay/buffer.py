@@ -248,6 +248,49 @@ class ReplayBuffer:
         self._synced = n
         return new
 
+    # --- saving ------------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Owner: a copy of the filled slots {key: (size, *shape)} plus ``__count__`` (items ever written),
+        ``__priorities__`` (size,) (prioritized: p_i^alpha per slot, the max for slots not yet synced) and
+        ``__max_priority__``. The rows and the counter are copied under the lock, so writers never tear them."""
+        if not self._owner:
+            raise RuntimeError("ReplayBuffer.state_dict() is for the process that created the buffer")
+        with self._lock:
+            n = int(self._counter()[0])
+            size = min(n, self.capacity)
+            out = {k: arr[:size].copy() for k, arr in self._arrays.items()}
+        out[_COUNT] = np.asarray(n, np.int64)
+        if self._tree is not None:
+            p = self._tree.get(np.arange(size, dtype=np.int64))
+            p[p == 0] = self._tree.max_value  # written after the last sync(): the priority sync() would give
+            out["__priorities__"], out["__max_priority__"] = p, np.asarray(self._tree.max_value)
+        return out
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        """Owner: put a `state_dict` back (same spec and capacity); slots, counter and priorities as saved."""
+        if not self._owner:
+            raise RuntimeError("ReplayBuffer.load_state_dict() is for the process that created the buffer")
+        n = int(state[_COUNT])
+        size = min(n, self.capacity)
+        for k, (shape, dtype) in self.spec.items():
+            v = state.get(k)
+            if v is None or v.shape != (size, *shape) or v.dtype != dtype:
+                got = "missing" if v is None else f"{v.dtype} {v.shape}"
+                raise ValueError(f"replay state[{k!r}]: {got}; this ring needs {dtype} {(size, *shape)}")
+        with self._lock:
+            for k, arr in self._arrays.items():
+                arr[:size] = state[k]
+            self._counter()[0] = n
+        self._synced = n
+        if self._tree is not None and size:
+            p = state.get("__priorities__")
+            if p is None or p.shape != (size,):  # saved by a uniform ring: every item at the max, as if new
+                p = np.full(size, self._tree.max_value)
+            self._tree.update(np.arange(size, dtype=np.int64), p)
+            if "__max_priority__" in state:
+                self._tree._max = max(self._tree._max, float(state["__max_priority__"]))
+
     # --- sampling ------------------------------------------------------------------------------------------
 
     def beta(self, progress: float | None = None) -> float:

@@ -16,6 +16,7 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,12 @@ def save_state(
     tensors: dict[str, dict[str, Tensor]],
     objects: dict[str, Any],
     keep_last: int = 2,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path | None:
-    """Write the state of ``step`` (collective: every rank calls it; rank 0 writes). Returns its dir on rank 0."""
+    """Write the state of ``step`` (collective: every rank calls it; rank 0 writes). Returns its dir on rank 0.
+
+    ``extra(dir)`` (rank 0) writes further files into the state directory before it is complete (online training:
+    the replay ring), so they are part of the same atomic state."""
     rngs = gather_to_main(_portable_rng(), info)
     final = None
     if info.is_main:
@@ -97,6 +102,8 @@ def save_state(
                 torch.save(objects, f)
             with open(tmp / "rng.pt", "wb") as f:
                 torch.save({"ranks": rngs}, f)
+            if extra is not None:
+                extra(tmp)
             meta = {"format": FORMAT, "step": step, "world_size": info.world_size, "tensors": sorted(tensors)}
             (tmp / "meta.json").write_text(json.dumps(meta))  # last: its presence marks the state complete
             if final.exists():  # the same step saved again after a resume: the old copy is equivalent

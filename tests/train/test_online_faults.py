@@ -1,0 +1,147 @@
+"""Fault injection in online training (issue 31 §3): a SIGKILLed evaluator is restarted; a SIGKILLed learner leaves
+no child behind and resumes with the replay its last training state held."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from dmrl.cli import main
+from dmrl.config_utils import merge
+from dmrl.data.replay import ReplayBuffer, ReplayConfig
+from dmrl.train.config import TrainConfig
+from dmrl.train.engine.state import state_dirs
+from dmrl.train.run import train
+
+DIFFUSION = {
+    "type": "diffusion",
+    "num_train_steps": 20,
+    "num_inference_steps": 3,
+    "denoiser_kwargs": {"hidden_dim": 32},
+}
+ONLINE = {"type": "online", "learning_starts": 4, "max_episode_steps": 24, "publish_every": 2}
+TINY = {
+    "batch_size": 8,
+    "chunk": {"horizon": 8, "n_action_steps": 4, "encoder": {"width": 32}},
+    "policy": DIFFUSION,
+    "algo": {"type": "diffusion-ql", "critic": {"hidden": 32, "depth": 2}},
+    "source": ONLINE,
+}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("data") / "d.zarr"
+    assert main(["collect", "--out", str(out), "--episodes", "2", "--workers", "0", "--obs-modes", "state"]) == 0
+    return out
+
+
+def _lines(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def test_replay_state_dict_round_trip_keeps_items_counter_and_priorities():
+    spec = {"x": ((3,), np.float32), "episode": ((), np.int64)}
+    cfg = ReplayConfig(capacity=10)
+    with ReplayBuffer(spec, cfg) as a, ReplayBuffer(spec, cfg) as b:
+        a.add({"x": np.arange(42, dtype=np.float32).reshape(14, 3), "episode": np.arange(14)})  # wrapped once
+        a.update_priorities(np.array([1, 2]), np.array([5.0, 0.1]))
+        b.load_state_dict(a.state_dict())
+        assert (b.n_written, len(b), b.pos) == (14, 10, 4)
+        np.testing.assert_array_equal(b.gather(np.arange(10))["x"], a.gather(np.arange(10))["x"])
+        np.testing.assert_allclose(b.priorities(np.arange(10)), a.priorities(np.arange(10)))
+        with pytest.raises(ValueError, match=r"replay state\['x'\]"):
+            b.load_state_dict({**a.state_dict(), "x": np.zeros((10, 4), np.float32)})
+
+
+def test_killed_evaluator_is_restarted_and_keeps_evaluating(tmp_path, dataset):
+    run = tmp_path / "run"
+    killed: dict = {}
+
+    def hook(info):
+        evals = [x for x in _lines(run) if "eval_success" in x] if (run / "metrics.jsonl").exists() else []
+        if not killed and evals:  # after its first evaluation
+            os.kill(info["evaluator_pid"], signal.SIGKILL)
+            killed.update(pid=info["evaluator_pid"], update=info["update"])
+            time.sleep(0.5)
+        elif killed and not any(x["update"] > killed["update"] for x in evals):
+            time.sleep(0.1)  # slow the learner until the restarted evaluator scored a new snapshot
+
+    online = {**ONLINE, "eval_every": 2, "eval_episodes": 1}
+    cfg = merge(TrainConfig(), {**TINY, "dataset": str(dataset), "out": str(run), "steps": 400, "source": online})
+    summary = train(cfg, progress=False, hook=hook)
+    assert killed and summary["train_steps"] == 400 and summary["evaluator_restarts"] >= 1
+    lines = _lines(run)
+    assert any(x.get("evaluator_restart") == 1 for x in lines)
+    assert any(x.get("eval_success") is not None and x["update"] > killed["update"] for x in lines)
+    assert not _alive(killed["pid"]) and not mp.active_children()
+
+
+def test_sigkilled_learner_leaves_no_child_and_resumes_with_its_replay(tmp_path, dataset):
+    run, preset = tmp_path / "run", tmp_path / "tiny.yaml"
+    preset.write_text(yaml.safe_dump({k: v for k, v in TINY.items() if k != "source"}))
+    args = [sys.executable, "-m", "dmrl", "train", "--config", str(preset), "--source.type", "online",
+            "--source.learning-starts", "4", "--source.max-episode-steps", "24", "--source.publish-every", "2",
+            "--source.eval-every", "5", "--source.eval-episodes", "1", "--engine.save-every", "10",
+            "--dataset", str(dataset), "--out", str(run), "--steps", "300"]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not state_dirs(run):
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.communicate()
+        kids = [k for k in _children(proc.pid) if _alive(k)]
+        assert len(kids) >= 3  # two collectors and the evaluator (plus spawn's resource tracker)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(k) for k in kids):
+        time.sleep(0.2)
+    assert not [k for k in kids if _alive(k)], "orphaned child processes after the learner's SIGKILL"
+    last = state_dirs(run)[-1]  # the state the resumed run starts from
+    saved = json.loads((last / "online.json").read_text())
+    assert saved["replay_size"] > 0 and (last / "replay.npz").is_file()
+
+    resumed = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["train_steps"] == 300
+    restored = [x for x in _lines(run) if "replay_restored" in x]
+    assert len(restored) == 1 and restored[0]["step"] == int(last.name.split("_")[1])
+    assert restored[0]["replay_restored"] == saved["replay_size"]
+    assert restored[0]["replay_written"] == saved["replay_written"]
+    assert restored[0]["env_steps_restored"] == saved["env_steps"] and summary["env_steps"] >= saved["env_steps"]
