@@ -53,6 +53,8 @@ class Args:
 
 
 def _table_module():
+    if str(ROOT / "tests") not in sys.path:  # its synthetic store helper (tests/state_store.py)
+        sys.path.insert(0, str(ROOT / "tests"))
     spec = importlib.util.spec_from_file_location("test_bad_input", ROOT / "tests" / "test_bad_input.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

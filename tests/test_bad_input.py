@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
-import numpy as np
 import pytest
+
+from state_store import state_store
 
 CHECKPOINT = Path(__file__).resolve().parent / "artifacts" / "golden_diffusion"
 MISSING = "does/not/exist"
@@ -318,36 +319,7 @@ def run_case(case: Case, workdir: Path, watched: tuple[Path, ...]) -> Outcome:
 
 def make_store(path: Path) -> Path:
     """A two-episode state-only MultiPathGrasp store (rewards and terminations: RL can read it too)."""
-    from dmrl.data import EpisodeStore
-    from dmrl.types import Episode
-
-    st = EpisodeStore.create(
-        path,
-        env_id="dmrl/MultiPathGrasp-v0",
-        obs_modes=("state",),
-        action_meaning=["a", "b", "c"],
-        obs_spec={"state": ((5,), "float32")},
-        action_dim=3,
-    )
-    rng = np.random.default_rng(0)
-    for seed in range(2):
-        st.append(
-            Episode(
-                obs={"state": rng.normal(size=(20, 5)).astype(np.float32)},
-                final_obs={"state": rng.normal(size=5).astype(np.float32)},
-                actions=rng.uniform(-1, 1, (20, 3)).astype(np.float32),
-                rewards=rng.normal(size=20).astype(np.float32),
-                terminated=True,
-                truncated=False,
-                instruction="",
-                target="",
-                route=None,
-                success=bool(seed),
-                seed=seed,
-            )
-        )
-    st.close()
-    return path
+    return state_store(path, episodes=2, rewards=True, steps=20)
 
 
 def prepare_workdir(workdir: Path) -> None:

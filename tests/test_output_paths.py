@@ -6,46 +6,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from dmrl.cli import main
-from dmrl.data import EpisodeStore
 from dmrl.paths import check_output_path
-from dmrl.types import Episode
+from state_store import state_store
 
 CHECKPOINT = Path(__file__).parent / "artifacts" / "golden_diffusion"
 COMMANDS = ["collect", "train", "eval", "export"]
-
-
-def _store(path: Path) -> Path:
-    st = EpisodeStore.create(
-        path,
-        env_id="dmrl/MultiPathGrasp-v0",
-        obs_modes=("state",),
-        action_meaning=["a", "b", "c"],
-        obs_spec={"state": ((5,), "float32")},
-        action_dim=3,
-    )
-    rng = np.random.default_rng(0)
-    for seed in range(2):
-        st.append(
-            Episode(
-                obs={"state": rng.normal(size=(20, 5)).astype(np.float32)},
-                final_obs={"state": rng.normal(size=5).astype(np.float32)},
-                actions=rng.uniform(-1, 1, (20, 3)).astype(np.float32),
-                rewards=np.zeros(20, np.float32),
-                terminated=True,
-                truncated=False,
-                instruction="",
-                target="",
-                route=None,
-                success=True,
-                seed=seed,
-            )
-        )
-    st.close()
-    return path
 
 
 def _argv(command: str, parent: Path, tmp_path: Path) -> tuple[list[str], Path]:
@@ -55,7 +23,7 @@ def _argv(command: str, parent: Path, tmp_path: Path) -> tuple[list[str], Path]:
         return ["collect", "--out", str(out), "--episodes", "1", "--workers", "0", "--obs-modes", "state"], out
     if command == "train":
         out = parent / "run"
-        dataset = _store(tmp_path / "data.zarr")
+        dataset = state_store(tmp_path / "data.zarr", episodes=2, steps=20)
         return ["train", "--dataset", str(dataset), "--out", str(out), "--steps", "2"], out
     if command == "eval":
         out = parent / "eval"

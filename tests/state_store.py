@@ -10,9 +10,9 @@ from dmrl.data import EpisodeStore
 from dmrl.types import Episode
 
 
-def state_store(path: Path, episodes: int = 8, rewards: bool = False) -> Path:
-    """``episodes`` episodes of 40 steps from seeds 0, 1, ...; with ``rewards`` random rewards and odd seeds
-    terminating (successes), else zero rewards and every episode terminating."""
+def state_store(path: Path, episodes: int = 8, rewards: bool = False, steps: int = 40) -> Path:
+    """``episodes`` episodes of ``steps`` steps from seeds 0, 1, ...; with ``rewards`` random rewards and odd seeds
+    terminating (successes), else zero rewards and every episode terminating. The store is closed (no writer lock)."""
     st = EpisodeStore.create(
         path,
         env_id="dmrl/MultiPathGrasp-v0",
@@ -26,10 +26,10 @@ def state_store(path: Path, episodes: int = 8, rewards: bool = False) -> Path:
         odd = bool(seed % 2)
         st.append(
             Episode(
-                obs={"state": rng.normal(size=(40, 5)).astype(np.float32)},
+                obs={"state": rng.normal(size=(steps, 5)).astype(np.float32)},
                 final_obs={"state": rng.normal(size=5).astype(np.float32)},
-                actions=rng.uniform(-1, 1, (40, 3)).astype(np.float32),
-                rewards=rng.normal(size=40).astype(np.float32) if rewards else np.zeros(40, np.float32),
+                actions=rng.uniform(-1, 1, (steps, 3)).astype(np.float32),
+                rewards=rng.normal(size=steps).astype(np.float32) if rewards else np.zeros(steps, np.float32),
                 terminated=odd if rewards else True,
                 truncated=not odd if rewards else False,
                 instruction="",
@@ -39,4 +39,5 @@ def state_store(path: Path, episodes: int = 8, rewards: bool = False) -> Path:
                 seed=seed,
             )
         )
+    st.close()
     return path
