@@ -7,13 +7,12 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from online_tiny import DIFFUSION, ONLINE, TINY, alive, children, collect_tiny
 
-from dmrl.cli import main
 from dmrl.config_utils import merge
 from dmrl.data import ChunkTransitionDataset, EpisodeStore
 from dmrl.envs import make_env
@@ -23,35 +22,19 @@ from dmrl.train.offline import build_from_store
 from dmrl.train.online_workers import nest, rollout_chunks
 from dmrl.train.run import train
 
-DIFFUSION = {
-    "type": "diffusion",
-    "num_train_steps": 20,
-    "num_inference_steps": 3,
-    "denoiser_kwargs": {"hidden_dim": 32},
-}
-ONLINE = {"type": "online", "learning_starts": 4, "max_episode_steps": 24, "publish_every": 2}
-TINY = {
-    "batch_size": 8,
-    "chunk": {"horizon": 8, "n_action_steps": 4, "encoder": {"width": 32}},
-    "policy": DIFFUSION,
-    "algo": {"type": "diffusion-ql", "critic": {"hidden": 32, "depth": 2}},
-    "source": ONLINE,
-}
 GAUSSIAN_TD3 = {"policy": "gaussian", "algo": {"type": "td3-bc", "critic": {"hidden": 32, "depth": 2}}}
 
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "d.zarr"
-    assert main(["collect", "--out", str(out), "--episodes", "2", "--workers", "0", "--obs-modes", "state"]) == 0
-    return out
+    return collect_tiny(tmp_path_factory.mktemp("data") / "d.zarr")
 
 
 def _cfg(dataset, out, **over) -> TrainConfig:
     return merge(TrainConfig(), {**TINY, "dataset": str(dataset), "out": str(out), **over})
 
 
-def test_online_smoke_checkpoint_and_no_children(tmp_path, dataset):
+def test_online_smoke_checkpoint_and_nochildren(tmp_path, dataset):
     cfg = _cfg(dataset, tmp_path / "run", steps=6, source={**ONLINE, "eval_every": 3, "eval_episodes": 1})
     summary = train(cfg, progress=False)
     assert summary["train_steps"] == 6 and summary["env_steps"] > 0
@@ -117,27 +100,6 @@ def test_td3_bc_online_td_errors_move_priorities_off_the_max(tmp_path, dataset):
     assert not mp.active_children()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in os.listdir("/proc"):
-        if stat.isdigit():
-            try:
-                fields = Path(f"/proc/{stat}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(stat))
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
     import subprocess
     import sys
@@ -160,8 +122,8 @@ def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()
-        kids = _children(proc.pid)
-        assert len([k for k in kids if _alive(k)]) >= 2  # the two collectors (plus spawn's resource tracker)
+        kids = children(proc.pid)
+        assert len([k for k in kids if alive(k)]) >= 2  # the two collectors (plus spawn's resource tracker)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -170,7 +132,7 @@ def test_sigterm_stops_children_and_saves_state(tmp_path, dataset):
     assert proc.returncode == 130, err
     assert "interrupted" in err
     time.sleep(1.0)
-    assert not [k for k in kids if _alive(k)], "orphaned child processes"
+    assert not [k for k in kids if alive(k)], "orphaned child processes"
     assert list((run / "state").iterdir()), "no state saved on SIGTERM"
 
 

@@ -15,60 +15,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from online_tiny import ONLINE, TINY, alive, children, collect_tiny
 
-from dmrl.cli import main
 from dmrl.config_utils import merge
 from dmrl.data.replay import ReplayBuffer, ReplayConfig
 from dmrl.train.config import TrainConfig
 from dmrl.train.engine.state import state_dirs
 from dmrl.train.run import train
 
-DIFFUSION = {
-    "type": "diffusion",
-    "num_train_steps": 20,
-    "num_inference_steps": 3,
-    "denoiser_kwargs": {"hidden_dim": 32},
-}
-ONLINE = {"type": "online", "learning_starts": 4, "max_episode_steps": 24, "publish_every": 2}
-TINY = {
-    "batch_size": 8,
-    "chunk": {"horizon": 8, "n_action_steps": 4, "encoder": {"width": 32}},
-    "policy": DIFFUSION,
-    "algo": {"type": "diffusion-ql", "critic": {"hidden": 32, "depth": 2}},
-    "source": ONLINE,
-}
-
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("data") / "d.zarr"
-    assert main(["collect", "--out", str(out), "--episodes", "2", "--workers", "0", "--obs-modes", "state"]) == 0
-    return out
+    return collect_tiny(tmp_path_factory.mktemp("data") / "d.zarr")
 
 
 def _lines(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def test_replay_state_dict_round_trip_keeps_items_counter_and_priorities():
@@ -105,7 +67,7 @@ def test_killed_evaluator_is_restarted_and_keeps_evaluating(tmp_path, dataset):
     lines = _lines(run)
     assert any(x.get("evaluator_restart") == 1 for x in lines)
     assert any(x.get("eval_success") is not None and x["update"] > killed["update"] for x in lines)
-    assert not _alive(killed["pid"]) and not mp.active_children()
+    assert not alive(killed["pid"]) and not mp.active_children()
 
 
 def test_sigkilled_learner_leaves_no_child_and_resumes_with_its_replay(tmp_path, dataset):
@@ -121,7 +83,7 @@ def test_sigkilled_learner_leaves_no_child_and_resumes_with_its_replay(tmp_path,
         while time.monotonic() < deadline and proc.poll() is None and not state_dirs(run):
             time.sleep(0.1)
         assert proc.poll() is None, proc.communicate()
-        kids = [k for k in _children(proc.pid) if _alive(k)]
+        kids = [k for k in children(proc.pid) if alive(k)]
         assert len(kids) >= 3  # two collectors and the evaluator (plus spawn's resource tracker)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
@@ -129,9 +91,9 @@ def test_sigkilled_learner_leaves_no_child_and_resumes_with_its_replay(tmp_path,
         if proc.poll() is None:
             proc.kill()
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(k) for k in kids):
+    while time.monotonic() < deadline and any(alive(k) for k in kids):
         time.sleep(0.2)
-    assert not [k for k in kids if _alive(k)], "orphaned child processes after the learner's SIGKILL"
+    assert not [k for k in kids if alive(k)], "orphaned child processes after the learner's SIGKILL"
     last = state_dirs(run)[-1]  # the state the resumed run starts from
     saved = json.loads((last / "online.json").read_text())
     assert saved["replay_size"] > 0 and (last / "replay.npz").is_file()
