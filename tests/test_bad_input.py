@@ -230,16 +230,9 @@ def _work_stubs() -> list[typing.Any]:
 
     import concurrent.futures
 
-    from dmrl.train import compare
-
-    real_dataset = compare._dataset
-
-    def dataset(cfg: typing.Any) -> Path:
-        return real_dataset(cfg) if cfg.dataset is not None else stop()
-
     return [
         mock.patch("dmrl.data.collect._episodes", stop),  # collect: the rollouts (store already created)
-        mock.patch("dmrl.train.compare._dataset", dataset),  # compare collecting a dataset (none given)
+        mock.patch("dmrl.train.compare._collect", stop),  # compare collecting a dataset (none given)
         mock.patch("dmrl.train.offline.OfflineSource.start", stop),  # train: loaders (the run dir is prepared)
         mock.patch("dmrl.train.online.OnlineSource.start", stop),  # train online: replay + collector processes
         mock.patch("dmrl.train.evaluate.evaluate", stop),  # eval

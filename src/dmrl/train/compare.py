@@ -138,18 +138,15 @@ def _train_one(cfg: TrainConfig) -> dict[str, Any]:
     return train(cfg, progress=False)
 
 
-def _dataset(cfg: CompareConfig) -> Path:
-    if cfg.dataset is not None:
-        return cfg.dataset
+def _collect(cfg: CompareConfig, path: Path) -> None:
+    """``cfg.episodes`` expert episodes (state only) into a new store at ``path``."""
     from dmrl.data.collect import CollectConfig, collect
 
-    path = cfg.out / "dataset.zarr"
     log.info("compare: collecting %d expert episodes into %s", cfg.episodes, path)
     collect(
         CollectConfig(out=path, env=cfg.env, episodes=cfg.episodes, obs_modes=("state",), overwrite=True),
         progress=False,
     )
-    return path
 
 
 def run_compare(cfg: CompareConfig) -> dict[str, Any]:
@@ -163,16 +160,15 @@ def run_compare(cfg: CompareConfig) -> dict[str, Any]:
     check_output_path(cfg.out)
     if cfg.dataset is not None:
         EpisodeStore.open(cfg.dataset).close()
-    planned = cfg.dataset if cfg.dataset is not None else cfg.out / "dataset.zarr"
-    for policy in cfg.policies:
-        for lr in cfg.lrs:
-            cfg.train.run(planned, cfg.out / "runs" / f"{policy}_lr{lr:g}", policy, lr)
+    dataset = cfg.dataset if cfg.dataset is not None else cfg.out / "dataset.zarr"  # collected below if absent
+    runs = {
+        (policy, lr): cfg.train.run(dataset, cfg.out / "runs" / f"{policy}_lr{lr:g}", policy, lr)
+        for policy in cfg.policies
+        for lr in cfg.lrs
+    }
     cfg.out.mkdir(parents=True, exist_ok=True)
-    dataset = _dataset(cfg)
-    runs = {}
-    for policy in cfg.policies:
-        for lr in cfg.lrs:
-            runs[(policy, lr)] = cfg.train.run(dataset, cfg.out / "runs" / f"{policy}_lr{lr:g}", policy, lr)
+    if cfg.dataset is None:
+        _collect(cfg, dataset)
     log.info("compare: training %d runs (%d steps each, %d at a time)", len(runs), cfg.train.steps, cfg.parallel)
     if cfg.parallel == 1:
         summaries = {key: _train_one(run) for key, run in runs.items()}
