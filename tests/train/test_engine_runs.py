@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from state_store import state_store
 
 from dmrl.cli import main
+from state_store import state_store
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -10,7 +10,6 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import zarr
-from state_store import state_store
 
 from dmrl.cli import main
 from dmrl.data import ChunkTransitionDataset, EpisodeStore, Normalizer, fit_normalizer, nonfinite_report
@@ -20,6 +19,7 @@ from dmrl.policies import GaussianPolicyConfig
 from dmrl.train.config import TrainConfig
 from dmrl.train.evaluate import NonFiniteObservationError, evaluate
 from dmrl.train.offline import build_from_store
+from state_store import state_store
 
 FIX = "fix or drop that episode (dmrl info lists every bad one)"
 CRITIC = ["--algo.critic.hidden", "32", "--algo.critic.depth", "2"]

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from state_store import state_store
 
 from dmrl.algos import ALGOS, BC, register_algo
 from dmrl.algos.bc import BCConfig
 from dmrl.cli import main
 from dmrl.train.finite import FiniteWatch, NonFiniteError
+from state_store import state_store
 
 
 @dataclass

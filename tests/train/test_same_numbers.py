@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from state_store import state_store
 
 from dmrl.cli import main
+from state_store import state_store
 
 ART = Path(__file__).resolve().parents[1] / "artifacts" / "runs_585fb9d"
 
