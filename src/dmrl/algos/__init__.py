@@ -1,8 +1,10 @@
 """Training algorithms over chunk policies: each owns its networks, targets and optimizers and has one update()."""
 
 from dmrl.algos.bc import BC, BCConfig
+from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
-from dmrl.algos.diffusion_ql import CriticRankedPolicy, DiffusionQL, DiffusionQLConfig
+from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
+from dmrl.algos.in_support import IDQL, QC, IDQLConfig, QCConfig
 from dmrl.algos.td3_bc import TD3BC, TD3BCConfig
 
 #: --algo.type name -> (algorithm class, its config dataclass, the policy type it trains or None for any).
@@ -10,6 +12,8 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "bc": (BC, BCConfig, None),
     "diffusion-ql": (DiffusionQL, DiffusionQLConfig, "diffusion"),
     "td3-bc": (TD3BC, TD3BCConfig, "gaussian"),
+    "qc": (QC, QCConfig, "diffusion"),
+    "idql": (IDQL, IDQLConfig, "diffusion"),
 }
 
 
@@ -31,6 +35,8 @@ def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str 
 __all__ = [
     "ALGOS",
     "BC",
+    "IDQL",
+    "QC",
     "TD3BC",
     "BCConfig",
     "ChunkCritic",
@@ -38,6 +44,8 @@ __all__ = [
     "CriticRankedPolicy",
     "DiffusionQL",
     "DiffusionQLConfig",
+    "IDQLConfig",
+    "QCConfig",
     "TD3BCConfig",
     "chunk_td_target",
     "polyak_update",

@@ -38,6 +38,8 @@ class CriticConfig:
     """Polyak rate of the target networks."""
     gamma: float = 0.99
     """Discount per env step (gamma ** Ta per chunk)."""
+    encoder_per_member: bool = False
+    """One observation encoder per Q head (independent errors) instead of one shared."""
 
     def __post_init__(self) -> None:
         if self.n_critics < 1 or self.hidden < 8 or self.depth < 1:
@@ -66,20 +68,28 @@ class ChunkCritic(nn.Module):
     """Q(obs, executed chunk) for E heads: raw obs {key: (B, To, ...)}, normalised actions (B, Ta, Da) -> (E, B).
 
     Built from a policy: the same observation keys, encoder architecture (``build_encoder``) and normaliser
-    statistics, but its own weights: the critic's TD gradients never move the actor's encoder. One encoder
-    feeds all E heads (their features (B, D) are shared, the heads are independent).
+    statistics, but its own weights: the critic's TD gradients never move the actor's encoder. By default one
+    encoder feeds all E heads (their features (B, D) are shared, the heads are independent); with
+    ``encoder_per_member`` each head has its own, so the ensemble's errors are not correlated through it.
+    ``with_actions=False`` builds a state-value ensemble V(obs) -> (E, B) of the same shape (IQL's V).
     """
 
-    def __init__(self, policy: ChunkPolicy, config: CriticConfig):
+    def __init__(self, policy: ChunkPolicy, config: CriticConfig, with_actions: bool = True):
         super().__init__()
         self.config = config
         self.chunk = policy.chunk
         self.action_dim = policy.action_dim
+        self.with_actions = with_actions
         self.normalizer = copy.deepcopy(policy.normalizer)
         self.vector_keys = policy.vector_keys
         # The policy's chunk is already resolved (multimodal geometry read off the data): the same encoder shape.
-        self.encoder = build_encoder(policy.chunk, policy.obs_dims)
-        d_in = self.encoder.out_dim + self.chunk.n_action_steps * policy.action_dim
+        if config.encoder_per_member:
+            self.encoders = nn.ModuleList(build_encoder(policy.chunk, policy.obs_dims) for _ in range(config.n_critics))
+            out_dim = self.encoders[0].out_dim
+        else:
+            self.encoder = build_encoder(policy.chunk, policy.obs_dims)
+            out_dim = self.encoder.out_dim
+        d_in = out_dim + (self.chunk.n_action_steps * policy.action_dim if with_actions else 0)
         dims = [d_in] + [config.hidden] * config.depth
         self.layers = nn.ModuleList(
             EnsembleLinear(config.n_critics, a, b) for a, b in zip(dims[:-1], dims[1:], strict=True)
@@ -96,19 +106,30 @@ class ChunkCritic(nn.Module):
         return self.executed(self.normalizer.normalize("actions", action.float()))
 
     def features(self, obs: dict) -> Tensor:
-        """Raw obs {key: (B, To, ...)} -> (B, D), normalised and encoded as the policy does (ChunkPolicy.encode)."""
+        """Raw obs {key: (B, To, ...)} -> (E, B, D), normalised and encoded as the policy does (ChunkPolicy.encode);
+        with one shared encoder the E rows are one tensor expanded."""
         inputs = {k: obs[k] for k in self.chunk.obs_keys if k in obs}
         for k in self.vector_keys:
             if k in inputs:
                 inputs[k] = self.normalizer.normalize(k, inputs[k].float())
-        out = self.encoder(inputs)
-        return out if isinstance(out, Tensor) else out.pooled
 
-    def forward(self, obs: dict, actions: Tensor) -> Tensor:
-        """obs {key: (B, To, ...)}, actions (B, Ta, Da) normalised -> Q (E, B)."""
-        f = self.features(obs)  # (B, D)
-        x = torch.cat([f, actions.flatten(1).to(f.dtype)], dim=-1)  # (B, D + Ta·Da)
-        h = x.unsqueeze(0).expand(self.config.n_critics, *x.shape)  # (E, B, D + Ta·Da)
+        def encode(encoder: nn.Module) -> Tensor:
+            out = encoder(inputs)
+            return out if isinstance(out, Tensor) else out.pooled  # (B, D)
+
+        if self.config.encoder_per_member:
+            return torch.stack([encode(e) for e in self.encoders])
+        f = encode(self.encoder)
+        return f.unsqueeze(0).expand(self.config.n_critics, *f.shape)
+
+    def forward(self, obs: dict, actions: Tensor | None = None) -> Tensor:
+        """obs {key: (B, To, ...)}, actions (B, Ta, Da) normalised (None for a value ensemble) -> (E, B)."""
+        if (actions is None) == self.with_actions:
+            raise ValueError(f"critic built with_actions={self.with_actions}: pass actions iff it reads them")
+        h = self.features(obs)  # (E, B, D)
+        if actions is not None:
+            a = actions.flatten(1).to(h.dtype)  # (B, Ta·Da)
+            h = torch.cat([h, a.unsqueeze(0).expand(h.shape[0], *a.shape)], dim=-1)  # (E, B, D + Ta·Da)
         for layer in self.layers:
             h = layer(h)
             if self.config.layer_norm:
