@@ -101,6 +101,17 @@ class ScriptedExpert:
             if rng.random() < cfg.fail_prob:
                 self._fail_at = int(rng.integers(1, len(self._plan)))
 
+    def take_over(self) -> None:
+        """Plan from the env's state mid-episode, after another policy drove: the route side the tip is nearer to,
+        and with a cup held (grasp) the plan resumes at the carry. For continuing someone else's rollout (the
+        critic probe's "chunk, then the expert" returns); config draws (detours, failures, misses) are skipped."""
+        s = self.env.task_state()
+        self.side = self.cfg.route or ("left" if s.tip[0] < 0 else "right")
+        self._plan = self._grasp_plan(s) if s.task == "grasp" else self._reach_plan(s)
+        self._true_plan, self.recovered_at, self._notice_z = self._plan, None, np.inf
+        self._t, self._wait, self._fail_at = 0, 0, -1
+        self._k = LIFT + 1 if s.task == "grasp" and s.attached >= 0 else 0
+
     # ------------------------------------------------------------------ plans
     def _around(self, start_y: float, goal_y: float, oy: float) -> list[np.ndarray]:
         x = -SIDE_X if self.side == "left" else SIDE_X
