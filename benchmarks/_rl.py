@@ -17,9 +17,9 @@ from dmrl.train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The reward every published RL result was measured with (the env's default before the reward fix of issue 27,
-#: docs/tasks.md); kept until the RL benchmarks are rerun on the fixed reward, so their commands reproduce them.
-REWARD = "shaped_v1"
+#: The reward the RL benchmarks collect with: the env's default (potential-based shaping, docs/tasks.md). Results
+#: made before the reward fix of issue 27 used "shaped_v1"; pass --reward shaped_v1 to reproduce them.
+REWARD = "shaped"
 
 # (name, episodes, first seed, noise_std, suboptimal): the three parts of `mixed`; seeds never overlap the
 # evaluation seeds (100000..) or the selection seeds (200000..).
@@ -30,17 +30,26 @@ MIXED_PARTS = (
 )
 
 
-def make_mixed(path: Path, workers: int = 2) -> Path:
-    """Collect the `mixed` state dataset at ``path`` unless a complete one is there; -> path."""
+def mixed_path(reward: str) -> Path:
+    """Where the RL benchmarks keep `mixed` collected with ``reward`` (one store per reward)."""
+    return ROOT / "outputs" / "rl" / ("mixed.zarr" if reward == "shaped_v1" else f"mixed_{reward}.zarr")
+
+
+def make_mixed(path: Path, workers: int = 2, reward: str = REWARD) -> Path:
+    """Collect the `mixed` state dataset at ``path`` with ``reward`` unless a complete one is there; -> path."""
     from dmrl.data import EpisodeStore
     from dmrl.data.collect import CollectConfig, collect
 
     want = sum(p[1] for p in MIXED_PARTS)
     if path.exists():
         store = EpisodeStore.open(path)
-        if store.n_episodes == want:
+        if store.n_episodes == want and store.attrs.get("collect", {}).get("reward", "shaped_v1") == reward:
             return path
-        raise ValueError(f"{path}: holds {store.n_episodes} episodes, not the {want} of `mixed`; delete it and rerun")
+        raise ValueError(
+            f"{path}: holds {store.n_episodes} episodes with reward "
+            f"{store.attrs.get('collect', {}).get('reward', 'shaped_v1')!r}, not the {want} of `mixed` with reward "
+            f"{reward!r}; delete it and rerun"
+        )
     for i, (name, n, seed, noise, subopt) in enumerate(MIXED_PARTS):
         cfg = CollectConfig(
             out=path,
@@ -51,7 +60,7 @@ def make_mixed(path: Path, workers: int = 2) -> Path:
             suboptimal=subopt,
             workers=workers,
             append=i > 0,
-            reward=REWARD,
+            reward=reward,
         )
         s = collect(cfg, progress=False).summary()
         print(f"mixed/{name}: {n} episodes, success {s['success_rate']:.2f} (store total)", flush=True)
@@ -152,3 +161,27 @@ def plot_curves(curves: dict[str, list[list]], path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"wrote {path}")
+
+
+def load_run(run: Path):
+    """(algo with the run's newest state, its TrainConfig, its store) for a finished run directory of an algorithm
+    with a critic and best-of-N acting (diffusion-ql, qc, idql); the exported checkpoint holds the actor alone."""
+    from dmrl.config_utils import from_dict
+    from dmrl.data import EpisodeStore
+    from dmrl.train.engine import Engine, EngineConfig, load_latest_state
+    from dmrl.train.run import build_algo
+
+    cfg_file = run / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"--runs {run}: no config.json (pass a dmrl train run directory)")
+    cfg = from_dict(TrainConfig, {**json.loads(cfg_file.read_text()), "init": None})  # weights come from state/
+    if cfg.algo_type not in ("diffusion-ql", "qc", "idql"):
+        raise ValueError(f"--runs {run}: algo {cfg.algo_type!r} has no best-of-N critic (diffusion-ql, qc, idql do)")
+    store = EpisodeStore.open(cfg.dataset)
+    engine = Engine(EngineConfig(device="cpu", precision="fp32"), cfg.seed)
+    algo = build_algo(cfg, store, engine)
+    state = load_latest_state(run, engine.dist, cfg.seed)
+    if state is None:
+        raise FileNotFoundError(f"--runs {run}: no training state under {run / 'state'} (did the run finish?)")
+    algo.load_state_dict(state.tensors["algo"])
+    return algo.eval(), cfg, store

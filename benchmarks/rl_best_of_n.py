@@ -9,44 +9,21 @@ Writes benchmarks/results/rl_best_of_n.json and .md (or --name), one row per (ru
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import machine, parse_args, write_results
-from dmrl.config_utils import from_dict
-from dmrl.data import EpisodeStore
-from dmrl.train.config import TrainConfig
-from dmrl.train.engine import Engine, EngineConfig, load_latest_state
+from _rl import load_run
 from dmrl.train.evaluate import evaluate
 from dmrl.train.offline import env_kwargs_from_store
-from dmrl.train.run import build_algo
-
-
-def load_run(run: Path):
-    """(algo with the run's newest state, its TrainConfig, its store) for a finished actor-critic run directory."""
-    cfg_file = run / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"--runs {run}: no config.json (pass a dmrl train --algo.type diffusion-ql run)")
-    cfg = from_dict(TrainConfig, {**json.loads(cfg_file.read_text()), "init": None})  # weights come from state/
-    if cfg.algo_type != "diffusion-ql":
-        raise ValueError(f"--runs {run}: algo {cfg.algo_type!r}; best-of-N ranks a diffusion-ql actor's samples")
-    store = EpisodeStore.open(cfg.dataset)
-    engine = Engine(EngineConfig(device="cpu", precision="fp32"), cfg.seed)
-    algo = build_algo(cfg, store, engine)
-    state = load_latest_state(run, engine.dist, cfg.seed)
-    if state is None:
-        raise FileNotFoundError(f"--runs {run}: no training state under {run / 'state'} (did the run finish?)")
-    algo.load_state_dict(state.tensors["algo"])
-    return algo.eval(), cfg, store
 
 
 @dataclass
 class Args:
     runs: list[Path]
-    """finished diffusion-ql run directories"""
+    """finished actor-critic run directories (diffusion-ql, qc, idql)"""
     n: list[int] = field(default_factory=lambda: [1, 4, 16])
     """chunks sampled per decision"""
     episodes: int = 50
@@ -71,8 +48,9 @@ def main() -> None:
             algo.config.n_action_samples = n
             ev = evaluate(algo.evaluation_policy().cpu(), store.attrs["env_id"], seeds, env_kwargs_from_store(store),
                           n_envs=args.envs).summary()  # fmt: skip
-            row = {"run": str(run), "eta": cfg.algo.eta, "n_samples": n, "episodes": ev["episodes"],
-                   "success_rate": ev["success_rate"], "ci_low": ev["ci_low"], "ci_high": ev["ci_high"],
+            row = {"run": str(run), "algo": cfg.algo_type, "eta": getattr(cfg.algo, "eta", None), "n_samples": n,
+                   "episodes": ev["episodes"], "success_rate": ev["success_rate"], "ci_low": ev["ci_low"],
+                   "ci_high": ev["ci_high"],
                    "route_left": ev["route_left"], "route_right": ev["route_right"],
                    "collision_rate": ev["collision_rate"]}  # fmt: skip
             print(row, flush=True)

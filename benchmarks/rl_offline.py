@@ -1,11 +1,13 @@
 """Offline RL on the `mixed` dataset: BC (diffusion) vs Diffusion-QL vs its advantage-weighted variant
-(diffusion-ql-aw: eta 0, BC weighted by the critic's advantage) vs TD3+BC (MLP actor), several seeds.
+(diffusion-ql-aw: eta 0, BC weighted by the critic's advantage) vs TD3+BC (MLP actor) vs the in-support critics QC
+and IDQL (BC proposal, best-of-N by Q), several seeds.
 
-Run: ``python benchmarks/rl_offline.py [--seeds 0 1 2] [--steps N]`` (collects outputs/rl/mixed.zarr first if absent).
-Writes benchmarks/results/rl_offline.json and .md: per algorithm the success over all seeds' episodes pooled
-(Wilson interval on the pooled count), the per-seed rates and their mean ± std. Settings: configs/rl_offline.yaml.
-Every run also logs a learning curve (--curve-every updates, --curve-episodes evaluation seeds from 100000), drawn
-in docs/rl_offline.png and kept in benchmarks/results/rl_offline_curves.json.
+Run: ``python benchmarks/rl_offline.py [--algos ...] [--seeds 0 1 2] [--steps N] [--reward shaped]`` (collects
+outputs/rl/mixed_<reward>.zarr first if absent). Writes benchmarks/results/rl_offline.json and .md (other rewards:
+rl_offline_<reward>.*): per algorithm the success over all seeds' episodes pooled (Wilson interval on the pooled
+count), the per-seed rates and their mean ± std, and whether its critic steers (critic_guided). Settings:
+configs/rl_offline.yaml. Every run also logs a learning curve (--curve-every updates, --curve-episodes evaluation
+seeds from 100000), drawn in docs/rl_offline.png and kept in benchmarks/results/rl_offline_curves.json.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import yaml
 
 from _common import RESULTS, machine, parse_args, write_results
-from _rl import MIXED_PARTS, ROOT, eval_row, make_mixed, plot_curves, read_curve, run_all, template
+from _rl import MIXED_PARTS, REWARD, ROOT, eval_row, make_mixed, mixed_path, plot_curves, read_curve, run_all, template
+from dmrl.envs.multipath import REWARDS
 from dmrl.train.metrics import wilson_interval
 
 ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffusion-ql, policy diffusion)
@@ -30,8 +34,14 @@ ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffus
     # chunks and the actor's own samples (see DiffusionQLConfig.bc_weighting).
     "diffusion-ql-aw": ({"type": "diffusion-ql", "eta": 0.0, "bc_weighting": "advantage"}, "diffusion"),
     "td3-bc": ("td3-bc", "gaussian"),
+    # In-support critics (dmrl.algos.in_support): a BC proposal, best-of-N chosen by Q at every decision.
+    "qc": ("qc", "diffusion"),
+    "idql": ("idql", "diffusion"),
 }
+#: Arms whose critic chooses or shapes the actions (issue 27's `critic_guided`); the others are BC variants.
+CRITIC_GUIDED = {"diffusion-ql", "td3-bc", "qc", "idql"}
 Algo = Literal[tuple(ALGOS)]  # --algos choices
+Reward = Literal[REWARDS]  # --reward choices
 
 
 def pooled(name: str, summaries: list[dict]) -> dict:
@@ -43,6 +53,7 @@ def pooled(name: str, summaries: list[dict]) -> dict:
     rates = [r["success_rate"] for r in rows]
     return {
         "algo": name,
+        "critic_guided": name in CRITIC_GUIDED,
         "seeds": len(summaries),
         "episodes": n,
         "success_rate": wins / n,
@@ -62,8 +73,10 @@ def pooled(name: str, summaries: list[dict]) -> dict:
 class Args:
     config: Path = ROOT / "configs" / "rl_offline.yaml"
     """actor and critic preset"""
-    dataset: Path = ROOT / "outputs" / "rl" / "mixed.zarr"
-    """the mixed dataset (made when missing)"""
+    reward: Reward = REWARD
+    """the MultiPath reward `mixed` is collected with"""
+    dataset: Path | None = None
+    """the mixed dataset (made when missing; default outputs/rl/mixed_<reward>.zarr)"""
     algos: list[Algo] = field(default_factory=lambda: list(ALGOS))
     """algorithms to train"""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -76,70 +89,108 @@ class Args:
     """Diffusion-QL Q weights tried on seed 0, scored on the selection seeds; the best one is compared"""
     select_episodes: int = 50
     """episodes per eta on the selection seeds"""
+    selection: bool = False
+    """seed 0.. scored on the selection seeds (200000..) into rl_offline*_select.json, to choose settings"""
+    algo_overrides: str = ""
+    """extra algorithm settings for every non-BC arm, as YAML (e.g. '{n_action_samples: 8}')"""
     curve_every: int = 250
     """updates between learning-curve points (0: none)"""
     curve_episodes: int = 20
     """episodes per curve point (seeds 100000..)"""
-    out: Path = ROOT / "outputs" / "rl_offline"
-    """run directories go here"""
+    out: Path | None = None
+    """run directories go here (default outputs/rl_offline/<reward>)"""
 
 
 def main() -> None:
     args = parse_args(Args, __doc__)
     t0 = time.perf_counter()
-    make_mixed(args.dataset)
+    args.dataset = args.dataset or mixed_path(args.reward)
+    args.out = args.out or ROOT / "outputs" / "rl_offline" / args.reward
+    # One table per reward: rl_offline.json for the default, rl_offline_<reward>.json for the others.
+    stem = "rl_offline" if args.reward == REWARD else f"rl_offline_{args.reward}"
+    if args.selection:
+        stem, args.out = stem + "_select", args.out / "select"
+    scoring = {"eval_seed": 200_000, "eval_episodes": args.select_episodes} if args.selection else {}
+    overrides = yaml.safe_load(args.algo_overrides) or {} if args.algo_overrides else {}
+    if not isinstance(overrides, dict):
+        sys.exit(f"--algo-overrides: got {args.algo_overrides!r}; need a YAML mapping, e.g. '{{n_action_samples: 8}}'")
+    label = {name: name if name == "bc" else name + _suffix(overrides) for name in args.algos}  # row and run names
+    make_mixed(args.dataset, reward=args.reward)
     extra = {} if args.steps is None else {"steps": args.steps}
-    selection, eta = select_eta(args, extra) if "diffusion-ql" in args.algos else ([], None)
+    dql = "diffusion-ql" in args.algos and not args.selection
+    selection, eta = select_eta(args, extra) if dql else ([], None)
     runs = {
         (name, s): template(
             args.config,
             dataset=args.dataset,
-            out=args.out / f"{name}_seed{s}",
-            algo={"type": "diffusion-ql", "eta": eta} if name == "diffusion-ql" else ALGOS[name][0],
+            out=args.out / f"{label[name]}_seed{s}",
+            algo=_algo(name, eta, overrides),
             policy=ALGOS[name][1],
             seed=s,
             overwrite=True,
-            source={"curve_every": args.curve_every, "curve_episodes": args.curve_episodes},
+            source={"curve_every": 0 if args.selection else args.curve_every, "curve_episodes": args.curve_episodes},
             **extra,
+            **scoring,
         )
         for s in args.seeds
         for name in args.algos
     }
     results = run_all(runs, args.parallel)
     commit = machine()["git_commit"]
-    rows = [pooled(name, [results[(name, s)] for s in args.seeds]) | {"git_commit": commit} for name in args.algos]
-    curves = {name: [read_curve(runs[(name, s)].out) for s in args.seeds] for name in args.algos}
-    curves_file = RESULTS / "rl_offline_curves.json"
+    rows = [
+        pooled(name, [results[(name, s)] for s in args.seeds]) | {"algo": label[name], "git_commit": commit}
+        for name in args.algos
+    ]
+    curves = {label[n]: [read_curve(runs[(n, s)].out) for s in args.seeds] for n in args.algos}
+    curves = {} if args.selection else curves
+    curves_file = RESULTS / f"{stem}_curves.json"
     if curves_file.is_file():  # keep the curves of algorithms not run this time
         curves = {k: v for k, v in json.loads(curves_file.read_text()).items() if k not in curves} | curves
-    old = RESULTS / "rl_offline.json"
-    if old.is_file():  # keep the rows of algorithms not run this time, with the commit they were measured at
+    old, prev = RESULTS / f"{stem}.json", {"results": [], "meta": {}}
+    if old.is_file() and json.loads(old.read_text())["meta"].get("reward", "shaped_v1") == args.reward:
+        # keep the rows of algorithms not run this time (same reward), with the commit they were measured at
         prev = json.loads(old.read_text())
-        kept = [r for r in prev["results"] if r["algo"] not in args.algos]
+        kept = [r for r in prev["results"] if r["algo"] not in label.values()]
         rows = [r | {"git_commit": r.get("git_commit", prev["meta"].get("git_commit", "?"))} for r in kept] + rows
-        rows.sort(key=lambda r: list(ALGOS).index(r["algo"]) if r["algo"] in ALGOS else len(ALGOS))
+        order = list(ALGOS)
+        rows.sort(key=lambda r: next((i for i, a in enumerate(order) if r["algo"].startswith(a)), len(order)))
     first = next(iter(runs.values()))
     meta = {
         **machine(),
         "command": "python benchmarks/rl_offline.py " + " ".join(sys.argv[1:]),
         "config": str(args.config.relative_to(ROOT)),
+        "reward": args.reward,
         "dataset": "mixed: " + ", ".join(f"{n} {p} (seeds {s}..)" for p, n, s, _, _ in MIXED_PARTS),
         "steps": first.steps,
         "batch_size": first.batch_size,
         "eval_seeds": f"{first.eval_seed}..{first.eval_seed + first.eval_episodes - 1} for every run",
-        "diffusion_ql_eta": eta,
+        "diffusion_ql_eta": eta if selection else prev["meta"].get("diffusion_ql_eta"),
         "eta_selection": "; ".join(f"eta {e}: {r:.2f}" for e, r in selection)
         + f" (seed 0, {args.select_episodes} episodes on selection seeds 200000..)"
         if selection
-        else "not run this time (diffusion-ql not in --algos)",
+        else prev["meta"].get("eta_selection", "not run (diffusion-ql not in --algos)"),
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
         "curves": f"every {args.curve_every} updates, {args.curve_episodes} episodes (seeds 100000..) per point",
     }
-    write_results("rl_offline", rows, meta, list(rows[0]))
+    write_results(stem, rows, meta, list(rows[0]))
     curves_file.write_text(json.dumps(curves) + "\n")
     if any(any(seeds) for seeds in curves.values()):
         title = f"offline RL on mixed: {meta['curves']}"
-        plot_curves({k: v for k, v in curves.items() if any(v)}, ROOT / "docs" / "rl_offline.png", title)
+        plot_curves({k: v for k, v in curves.items() if any(v)}, ROOT / "docs" / f"{stem}.png", title)
+
+
+def _algo(name: str, eta: float | None, overrides: dict) -> dict:
+    """The algo section of arm ``name``: its ALGOS entry, the selected eta for diffusion-ql, then ``overrides``."""
+    base = ALGOS[name][0]
+    algo = {"type": base} if isinstance(base, str) else dict(base)
+    if name == "diffusion-ql" and eta is not None:
+        algo["eta"] = eta
+    return algo if name == "bc" else algo | overrides
+
+
+def _suffix(overrides: dict) -> str:
+    """Run-directory tag of the overrides ('' for none): arms with other settings never share a directory."""
+    return "".join(f"_{k}{v}" for k, v in sorted(overrides.items()))
 
 
 def select_eta(args, extra: dict) -> tuple[list[tuple[float, float]], float]:
