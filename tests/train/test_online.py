@@ -199,5 +199,28 @@ def test_self_imitation_ring_holds_the_successful_episodes_and_trains(tmp_path, 
     ds = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps, episodes=won)
     assert seen["n"] == len(ds), "the dataset's successful episodes, and only they, start the imitation ring"
     assert summary["train_steps"] == 3 and summary["successes_size"] >= len(ds)
-    with pytest.raises(ValueError, match="bc-data successes is a diffusion-ql option"):
+    with pytest.raises(ValueError, match="bc-data successes is an option of diffusion-ql, qc, idql"):
         _cfg(dataset, tmp_path / "x", **GAUSSIAN_TD3, source=online)
+
+
+def test_qc_online_collects_with_best_of_n_and_imitates_successes(tmp_path, dataset):
+    from dmrl.train.online import OnlineSource
+
+    acting = []
+    start = OnlineSource.start
+
+    def spy(self, algo, start_step):  # what the collectors and the evaluator are handed to act with
+        acting.append(type(algo.evaluation_policy()).__name__)
+        return start(self, algo, start_step)
+
+    qc = {"type": "qc", "n_action_samples": 4, "backup_samples": 2, "critic": {"hidden": 32, "depth": 2}}
+    # No prefill: the collectors' best-of-N rollouts fill the replay; until an episode succeeds the BC term is off.
+    online = {**ONLINE, "bc_data": "successes"}
+    OnlineSource.start = spy
+    try:
+        summary = train(_cfg(dataset, tmp_path / "run", algo=qc, steps=4, source=online), progress=False)
+    finally:
+        OnlineSource.start = start
+    assert acting == ["CriticRankedPolicy"] and summary["train_steps"] == 4 and summary["env_steps"] > 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("critic_loss" in x and "actor_loss" in x for x in lines)

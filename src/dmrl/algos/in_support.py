@@ -148,7 +148,12 @@ class _BCProposalCritic(nn.Module):
         return self.critic(batch["obs"], self.critic.executed_from_data(batch["action"])).float()
 
     def bc_loss(self, batch: dict) -> dict[str, Tensor]:
-        return {"loss": self.actor.loss(batch)["loss"]}
+        """The proposal's diffusion BC loss on ``batch["bc"]`` when the batch carries one (online self-imitation:
+        successful episodes; None: none yet, no BC step), else on the batch itself."""
+        bc = batch.get("bc", batch)
+        if bc is None:
+            return {"loss": batch["action"].new_zeros((), requires_grad=True)}
+        return {"loss": self.actor.loss(bc)["loss"]}
 
     def step_actor_and_targets(self, batch: dict, logs: dict) -> dict[str, Any]:
         """BC step of the proposal, then the Polyak targets; -> logs with the actor's loss and grad norms."""

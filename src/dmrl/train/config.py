@@ -35,6 +35,7 @@ class _ConfigClasses(Mapping):
 #: --policy.type name -> its config class; --algo.type likewise.
 POLICY_TYPES: Mapping[str, type] = _ConfigClasses(POLICIES)
 ALGO_TYPES: Mapping[str, type] = _ConfigClasses(ALGOS)
+SELF_IMITATING = ("diffusion-ql", "qc", "idql")  # algorithms whose BC term reads batch["bc"] (bc_data successes)
 BC_DATA = ("replay", "successes")
 
 
@@ -189,9 +190,14 @@ class TrainConfig(Generic[P, A, S, C]):
                 f"--chunk.pad-after: for --algo.type bc; RL chunk transitions keep Ta - 1 (got {self.algo_type})"
             )
         if self.online and self.batches != "transitions":
-            raise ValueError("--source.type online trains an actor-critic: pass --algo.type diffusion-ql or td3-bc")
-        if self.online and self.source.bc_data != "replay" and self.algo_type != "diffusion-ql":
-            raise ValueError(f"--source.bc-data {self.source.bc_data} is a diffusion-ql option; got {self.algo_type}")
+            raise ValueError(
+                "--source.type online trains an actor-critic: pass --algo.type diffusion-ql, qc, idql or td3-bc"
+            )
+        if self.online and self.source.bc_data != "replay" and self.algo_type not in SELF_IMITATING:
+            raise ValueError(
+                f"--source.bc-data {self.source.bc_data} is an option of {', '.join(SELF_IMITATING)}; "
+                f"got {self.algo_type}"
+            )
         if self.online and self.source.bc_data != "replay" and getattr(self.algo, "bc_weighting", "none") != "none":
             raise ValueError("--algo.bc-weighting advantage weights the replay batch: use --source.bc-data replay")
         if self.online and self.batch_size % self.engine.accumulate:

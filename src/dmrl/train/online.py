@@ -163,7 +163,8 @@ class OnlineSource:
         """Replay rings (prefilled from --dataset if asked), weight board, collectors and evaluator processes."""
         cfg, oc, store = self.cfg, self.oc, self.store
         self.rng = np.random.default_rng(cfg.seed + start_step)
-        actor_cpu = _cpu_copy(algo.policy)
+        # Collectors and evaluator act as evaluation does: with best-of-N the critic chooses the chunks they run.
+        actor_cpu = _cpu_copy(algo.evaluation_policy())
         self.buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
         # Self-imitation (bc_data "successes"): a uniform ring of successful episodes feeds the actor's BC term.
         if oc.bc_data == "successes":
@@ -277,12 +278,13 @@ class OnlineSource:
         return batch
 
     def after_update(self, step: int, logs: dict, algo: Any) -> None:
-        """New priorities (|TD| per sampled slot), the actor published to collectors and evaluator."""
+        """New priorities (|TD| per sampled slot), the acting policy (the actor, with its critic when it ranks
+        best-of-N) published to collectors and evaluator."""
         self.buf.update_priorities(self.idx, logs["td_error"])
         if step % self.oc.publish_every == 0:
-            self.board.publish(_cpu_copy(algo.policy))
+            self.board.publish(_cpu_copy(algo.evaluation_policy()))
         if self.evaluator is not None and step % self.oc.eval_every == 0:
-            self.evaluator.inbox.put((step, flat_weights(_cpu_copy(algo.policy))))
+            self.evaluator.inbox.put((step, flat_weights(_cpu_copy(algo.evaluation_policy()))))
             self.snapshot_env_steps[step] = self.env_steps.value
 
     def rates(self, steps: int, seconds: float) -> dict[str, float]:
