@@ -5,8 +5,9 @@ Each run is a finished ``dmrl train`` run of diffusion-ql, qc or idql on a Multi
 (the one best-of-N ranks with) scores candidate chunks at branch states of held-out episodes (seeds 300000..: not
 in any dataset, evaluation or selection range), against Monte-Carlo returns from the simulator (the chunk, then
 the scripted expert; dmrl.train.critic_probe). Writes benchmarks/results/critic_probe.json and .md, one row per
-run: ranking_accuracy (a critic may steer in the RL tables only at >= 0.9), spearman, calibration_mae, and the
-ensemble spread on colliding vs expert chunks.
+run: ranking_accuracy (a critic may steer in the RL tables only at >= 0.9), spearman, calibration_mae, the
+ensemble spread on colliding vs expert chunks, and in_support_accuracy (does best-of-N's favourite sample avoid a
+collision where some samples collide; random_pick_accuracy is the share a random pick would get right).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Args:
     """first episode seed of the probe's rollouts"""
     every: int = 4
     """env steps between branch states along a rollout"""
-    policy_samples: int = 8
+    policy_samples: int = 16
     """chunks sampled from the run's policy per state (candidates beside the scripted ones)"""
     name: str = "critic_probe"
     """results file stem"""

@@ -108,6 +108,8 @@ def test_metrics_on_hand_made_scores():
     assert m["ranking_accuracy"] == 0.5 and m["ranked_states"] == 2
     assert m["spearman"] == pytest.approx((1.0 + spearman(np.array([0.5, 1.0, 0.0]), np.array([3.0, -2.0, 0.0]))) / 2)
     assert m["calibration_mae"] == pytest.approx((0 + 0 + 0 + 2.5 + 3.0 + 0.0) / 6)
+    # best-of-N's choice among policy samples: right in `good` (the safe 2.0 beats the colliding 1.0), wrong in `bad`
+    assert m["choice_states"] == 2 and m["in_support_accuracy"] == 0.5 and m["random_pick_accuracy"] == 0.5
     assert spearman(np.array([1, 2, 3]), np.array([10, 20, 30])) == pytest.approx(1.0)
     assert spearman(np.array([1, 2, 3]), np.array([3, 2, 1])) == pytest.approx(-1.0)
 

@@ -11,7 +11,9 @@ Candidates (``candidate_chunks``): the expert's own next chunk, a straight full-
 (which the obstacle blocks), detours aimed past the left and right edges of the obstacle, and samples of the policy.
 ``probe_metrics`` turns the scores into: ranking accuracy (at states where some candidate collides, the share where
 the expert chunk scores above every colliding one), Spearman correlation (per state, averaged), calibration error
-(mean |Q - return|) and the ensemble spread on colliding vs expert chunks.
+(mean |Q - return|), the ensemble spread on colliding vs expert chunks, and best-of-N's own question: at states
+where some but not all policy samples collide, how often the critic's favourite sample is a safe one
+(in_support_accuracy), against picking one at random (random_pick_accuracy).
 """
 
 from __future__ import annotations
@@ -137,8 +139,12 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def probe_metrics(states: list[BranchState]) -> dict:
     """Ranking accuracy, Spearman, calibration error and ensemble spreads over scored branch states."""
-    ranked, rhos = [], []
+    ranked, rhos, picks, base = [], [], [], []
     for st in states:
+        samples = [c for c in st.candidates if c.kind == "policy"]
+        if 0 < sum(c.collided for c in samples) < len(samples):  # best-of-N has a choice to get right
+            picks.append(not max(samples, key=lambda c: c.q).collided)
+            base.append(1.0 - float(np.mean([c.collided for c in samples])))
         exp = [c for c in st.candidates if c.kind == "expert"]
         bad = [c for c in st.candidates if c.collided]
         if exp and bad and not exp[0].collided:
@@ -155,6 +161,9 @@ def probe_metrics(states: list[BranchState]) -> dict:
         "ranked_states": len(ranked),
         "ranking_accuracy": float(np.mean(ranked)) if ranked else float("nan"),
         "spearman": float(np.mean(rhos)) if rhos else float("nan"),
+        "choice_states": len(picks),
+        "in_support_accuracy": float(np.mean(picks)) if picks else float("nan"),
+        "random_pick_accuracy": float(np.mean(base)) if base else float("nan"),
         "calibration_mae": float(np.mean([abs(c.q - c.ret) for c in cands])) if cands else float("nan"),
         "spread_colliding": float(np.mean(colliding)) if colliding else float("nan"),
         "spread_expert": float(np.mean(expert)) if expert else float("nan"),
