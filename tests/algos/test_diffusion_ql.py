@@ -215,3 +215,21 @@ def test_advantage_weights_follow_q_of_the_data_chunks_and_average_one():
         DiffusionQLConfig(bc_weighting="awr")
     with pytest.raises(ValueError, match="replay batch itself"):
         algo.actor_loss({**b, "bc": batch(4)})
+
+
+def test_td3_bc_reads_q_only_inside_the_action_bounds():
+    actor = gaussian_actor()
+    algo = TD3BC(actor, tiny_critic(actor), TD3BCConfig(), engine())
+    seen = []
+    forward = algo.critic.forward
+
+    def spy(obs, actions=None):
+        seen.append(actions.detach().clone())
+        return forward(obs, actions)
+
+    algo.critic.forward = spy
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.mul_(50.0)  # a mean far outside [-1, 1]
+    algo.actor_loss(batch(8))
+    assert seen and seen[-1].abs().max() <= 1.0

@@ -116,7 +116,9 @@ class TD3BC(nn.Module):
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
         """-lambda Q1(s, pi(s)) + MSE to the data's whole chunk (padded steps masked), lambda = alpha / mean|Q1|."""
         pi = mean_chunk(self.actor, batch["obs"]).float()  # (B, Tp, Da)
-        q = self.critic(batch["obs"], self.critic.executed(pi))[0].float()  # (B,) the first head, as TD3
+        # The Gaussian mean is unbounded; Q is read only inside the action bounds ([-1, 1] normalised, what the
+        # data covers and what the env executes), so the Q term cannot push the actor out of them (issue 27 #4).
+        q = self.critic(batch["obs"], self.critic.executed(pi).clamp(-1.0, 1.0))[0].float()  # (B,) first head
         lam = self.config.alpha / q.abs().mean().detach().clamp_min(1e-6)
         target = self.actor.normalizer.normalize("actions", batch["action"].float())  # (B, Tp, Da)
         bc_loss = masked_mean(((pi - target) ** 2).mean(-1), batch.get("action_mask"))
