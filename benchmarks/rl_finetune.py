@@ -24,21 +24,31 @@ from typing import Literal
 import numpy as np
 
 from _common import machine, parse_args, write_results
-from _rl import REWARD, ROOT, finished, template, train_one
+from _rl import REWARD, ROOT, finished, load_run, template, train_one
 from dmrl.policies.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 from dmrl.train.metrics import wilson_interval
+from dmrl.train.offline import env_kwargs_from_store
 
-# Online arms: name -> (start from the BC checkpoint and keep the demonstrations in the replay, prioritized replay).
-# bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (--arms bc_rl bc_rl_uniform
-# --name rl_per).
-ONLINE = {"bc_rl": (True, True), "scratch": (False, True), "bc_rl_uniform": (True, False)}
+# Online arms: name -> (start from the BC checkpoint and keep the demonstrations in the replay, prioritized replay,
+# algorithm). bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (--arms bc_rl
+# bc_rl_uniform --name rl_per). qc: Q-chunking from the same BC start, its BC proposal trained on --bc-data, the
+# critic choosing every executed chunk (best-of-N) in collectors and evaluation.
+ONLINE = {
+    "bc_rl": (True, True, "diffusion-ql"),
+    "scratch": (False, True, "diffusion-ql"),
+    "bc_rl_uniform": (True, False, "diffusion-ql"),
+    "qc": (True, True, "qc"),
+    "qc_uniform": (True, False, "qc"),
+}
 Arm = Literal[("bc", *ONLINE)]  # --arms choices
-COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4"}
+COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4", "qc": "C3", "qc_uniform": "C5"}
 LABELS = {
     "bc_rl": "(c) BC -> online (PER)",
     "scratch": "(a) online from scratch",
     "bc_rl_uniform": "(c) with uniform replay",
+    "qc": "(d) BC -> online QC (PER)",
+    "qc_uniform": "(d) QC with uniform replay",
 }
 
 
@@ -63,6 +73,14 @@ def final_eval(checkpoint: Path, episodes: int, envs: int) -> dict:
     policy, meta = load_policy(checkpoint)
     seeds = list(range(100_000, 100_000 + episodes))
     return evaluate(policy, meta["env_id"], seeds, meta["env_kwargs"], n_envs=envs).summary()
+
+
+def final_eval_run(run: Path, episodes: int, envs: int) -> dict:
+    """The final evaluation of an online run as it acts: the actor, or best-of-N with its critic (qc)."""
+    algo, cfg, store = load_run(run)
+    seeds = list(range(100_000, 100_000 + episodes))
+    policy = algo.evaluation_policy().cpu()
+    return evaluate(policy, store.attrs["env_id"], seeds, env_kwargs_from_store(store), n_envs=envs).summary()
 
 
 def curve(run: Path) -> list[tuple[int, int, float]]:
@@ -105,6 +123,10 @@ class Args:
     """online updates of arms (a) and (c)"""
     eta: float = 0.05
     """Diffusion-QL's Q weight online"""
+    qc_samples: int = 32
+    """QC's best-of-N: chunks sampled per decision"""
+    env_steps: int = 0
+    """end every online run at this many env steps (0: after --steps updates only)"""
     scratch_eta: float | None = None
     """eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train"""
     bc_data: Literal["replay", "successes"] = "successes"
@@ -140,7 +162,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the collector and the evaluator take the other core
     t0 = time.perf_counter()
     scratch_eta = args.eta if args.scratch_eta is None else args.scratch_eta
-    data = make_weak(args.out / "weak.zarr", args.demos)
+    data = make_weak(args.out / ("weak.zarr" if REWARD == "shaped_v1" else f"weak_{REWARD}.zarr"), args.demos)
     results: dict[str, list[dict]] = {a: [] for a in args.arms}
     curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
     for seed in args.seeds:
@@ -153,17 +175,23 @@ def main() -> None:
             train_one(template(args.config, **base, out=bc_out, algo=bc, policy="diffusion", steps=args.bc_steps))
         if "bc" in args.arms:
             results["bc"].append({"eval": final_eval(bc_out / "checkpoint", args.episodes, 2), "env_steps": 0})
-        for arm, (init, prioritized) in ONLINE.items():
+        for arm, (init, prioritized, algo) in ONLINE.items():
             if arm not in args.arms:
                 continue
             online = {"type": "online", "n_collectors": 1, "eval_every": args.eval_every,
                       "eval_episodes": args.curve_episodes, "prefill_from_dataset": init, "learning_starts": 1000,
                       "bc_data": args.bc_data, "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
+            if args.env_steps:
+                online["env_steps"] = args.env_steps  # the run ends at this many env steps (or --steps updates)
             eta = scratch_eta if arm == "scratch" else args.eta
-            run = args.out / f"{arm}_eta{eta:g}_{args.bc_data}_seed{seed}"  # settings in the name: runs coexist
-            cfg = template(args.config, **base, out=run, algo={"type": "diffusion-ql", "eta": eta},
-                           policy="diffusion", steps=args.steps, source=online,
-                           init=bc_out / "checkpoint" if init else None)  # fmt: skip
+            if algo == "qc":
+                spec, tag = {"type": "qc", "n_action_samples": args.qc_samples}, f"n{args.qc_samples}"
+            else:
+                spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
+            budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
+            run = args.out / f"{arm}_{tag}_{args.bc_data}{budget}_seed{seed}"  # settings in the name: runs coexist
+            cfg = template(args.config, **base, out=run, algo=spec, policy="diffusion", steps=args.steps,
+                           source=online, init=bc_out / "checkpoint" if init else None)  # fmt: skip
             # rl_per.md and rl_finetune.md share the bc_rl runs (online.py writes summary.json after the checkpoint)
             summary = finished(cfg, need_eval=False)
             fresh = summary is None
@@ -172,10 +200,16 @@ def main() -> None:
             curves[arm].append(curve(run))
             cached = run / f"final_eval_{args.episodes}.json"
             if fresh or not cached.is_file():
-                cached.write_text(json.dumps(final_eval(run / "checkpoint", args.episodes, 2)))
+                cached.write_text(json.dumps(final_eval_run(run, args.episodes, 2)))
             ev = json.loads(cached.read_text())
             results[arm].append({"eval": ev, "env_steps": summary["env_steps"], "updates": summary["train_steps"]})
             print(f"{arm} seed {seed}: {ev['success_rate']:.2f} after {summary['env_steps']} env steps", flush=True)
+
+    def guided(arm: str) -> bool:  # the critic chooses the chunks (best-of-N) or shapes the actor (eta > 0)
+        if arm not in ONLINE:
+            return False
+        return ONLINE[arm][2] == "qc" or (scratch_eta if arm == "scratch" else args.eta) > 0
+
     bc_final = float(np.mean([r["eval"]["success_rate"] for r in results["bc"]])) if results.get("bc") else None
     rows = []
     for arm, runs in results.items():
@@ -184,7 +218,8 @@ def main() -> None:
         lo, hi = wilson_interval(wins, n)
         thr = None if bc_final is None or arm == "bc" else [steps_to(c, bc_final + 0.10) for c in curves[arm]]
         rows.append({
-            "arm": arm, "seeds": len(runs), "episodes": n, "final_success": wins / n, "ci_low": lo, "ci_high": hi,
+            "arm": arm, "critic_guided": guided(arm), "seeds": len(runs), "episodes": n, "final_success": wins / n,
+            "ci_low": lo, "ci_high": hi,
             "per_seed": ", ".join(f"{r['eval']['success_rate']:.2f}" for r in runs),
             "collision_rate": float(np.mean([r["eval"]["collision_rate"] for r in runs])),
             "env_steps": int(np.mean([r["env_steps"] for r in runs])),
@@ -198,7 +233,10 @@ def main() -> None:
         "threshold": None if bc_final is None else f"BC final {bc_final:.2f} + 0.10, mean of 2 consecutive curve evals",
         "bc_steps": args.bc_steps,
         "online_updates": args.steps,
+        "reward": REWARD,
         "eta": args.eta,
+        "qc_samples": args.qc_samples,
+        "env_step_budget": args.env_steps or None,
         "scratch_eta": scratch_eta,
         "bc_data": args.bc_data,
         "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
