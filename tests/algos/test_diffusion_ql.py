@@ -233,3 +233,24 @@ def test_td3_bc_reads_q_only_inside_the_action_bounds():
             p.mul_(50.0)  # a mean far outside [-1, 1]
     algo.actor_loss(batch(8))
     assert seen and seen[-1].abs().max() <= 1.0
+
+
+def test_the_actor_learns_from_the_uniform_actor_batch_when_one_is_given():
+    actor = diffusion_actor()
+    algo = DiffusionQL(actor, tiny_critic(actor), DiffusionQLConfig(eta=1.0), engine())
+    per, uniform = batch(8, seed=0), batch(8, seed=1)
+    seen = []
+    forward = algo.critic.forward
+
+    def spy(obs, actions=None):
+        seen.append(obs["state"].clone())
+        return forward(obs, actions)
+
+    algo.critic.forward = spy
+    algo.actor_loss(per | {"actor": uniform})
+    assert torch.equal(seen[-1], uniform["obs"]["state"])  # the Q term reads the uniform draw's states
+    torch.manual_seed(0)
+    with_actor = algo.actor_loss(per | {"actor": uniform})["bc_loss"]
+    torch.manual_seed(0)
+    alone = algo.actor_loss(uniform)["bc_loss"]
+    torch.testing.assert_close(with_actor, alone)  # and so does the BC term

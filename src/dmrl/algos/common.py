@@ -17,7 +17,9 @@ PER), ``policy`` (exported), ``evaluation_policy()``, ``actor`` (the network who
 ``optimizers`` / ``schedulers`` (name -> object, saved in the training state), the counter ``n_updates``, and
 the class attribute ``batches``: "windows" (dmrl.data.SequenceDataset items: obs, action, action_mask; behaviour
 cloning) or "transitions" (dmrl.data.ChunkTransitionDataset items, which add next_obs, reward, done, valid,
-next_valid; offline and online RL).
+next_valid; offline and online RL). Online batches may carry two nested batches of the same layout: "actor", a
+uniform draw for the actor's loss when the critic's batch is prioritized, and "bc", successful episodes for a
+self-imitating BC term (None until there is one).
 """
 
 from __future__ import annotations

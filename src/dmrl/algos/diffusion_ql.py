@@ -172,21 +172,23 @@ class DiffusionQL(nn.Module):
 
         The BC term reads ``batch["bc"]`` when the batch carries one (a batch of the same layout, or None for no
         BC term), else the batch itself."""
-        # Online self-imitation hands a separate batch of successful episodes ("bc"; None: none yet, Q term alone).
-        bc_batch = batch.get("bc", batch)
+        # Under PER the online source adds a uniform draw for the actor ("actor"); online self-imitation a separate
+        # batch of successful episodes for the BC term ("bc"; None: none yet, Q term alone).
+        actor_batch = batch.get("actor") or batch
+        bc_batch = batch.get("bc", actor_batch)
         logs: dict[str, Tensor] = {}
         if bc_batch is not None and self.config.bc_weighting == "advantage":
-            if bc_batch is not batch:
+            if bc_batch is not actor_batch:
                 raise ValueError("diffusion_ql.bc_weighting advantage needs the BC term on the replay batch itself")
-            bc_batch = batch | {"sample_weight": self.advantage_weights(batch)}
+            bc_batch = actor_batch | {"sample_weight": self.advantage_weights(actor_batch)}
             logs["bc_weight_max"] = bc_batch["sample_weight"].max()
         bc_loss = self.actor.loss(bc_batch)["loss"] if bc_batch is not None else batch["action"].new_zeros(())
         eta = self.eta()
         q_loss = bc_loss.new_zeros(())
         if eta > 0:  # eta 0 (self-imitation, advantage-weighted BC alone) skips the sampling through the chain
-            cond, cond_mask = self.actor.condition(batch["obs"])
+            cond, cond_mask = self.actor.condition(actor_batch["obs"])
             a_theta = self.actor.sample_chunk(cond, cond_mask, grad_steps=self.grad_steps)  # (B, Tp, Da) normalised
-            q = self.critic(batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); frozen by update()
+            q = self.critic(actor_batch["obs"], self.critic.executed(a_theta)).float()  # (E, B); frozen by update()
             # Dividing by mean|Q| (no gradient) makes eta independent of the reward scale (Wang et al.; Fujimoto & Gu).
             q_loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
         actor_loss = bc_loss + eta * q_loss

@@ -149,8 +149,9 @@ class _BCProposalCritic(nn.Module):
 
     def bc_loss(self, batch: dict) -> dict[str, Tensor]:
         """The proposal's diffusion BC loss on ``batch["bc"]`` when the batch carries one (online self-imitation:
-        successful episodes; None: none yet, no BC step), else on the batch itself."""
-        bc = batch.get("bc", batch)
+        successful episodes; None: none yet, no BC step), else on the uniform ``batch["actor"]`` (online, under
+        PER), else on the batch itself."""
+        bc = batch.get("bc", batch.get("actor") or batch)
         if bc is None:
             return {"loss": batch["action"].new_zeros((), requires_grad=True)}
         return {"loss": self.actor.loss(bc)["loss"]}

@@ -115,6 +115,7 @@ class TD3BC(nn.Module):
 
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
         """-lambda Q1(s, pi(s)) + MSE to the data's whole chunk (padded steps masked), lambda = alpha / mean|Q1|."""
+        batch = batch.get("actor") or batch  # online under PER: the actor's own uniform draw
         pi = mean_chunk(self.actor, batch["obs"]).float()  # (B, Tp, Da)
         # The Gaussian mean is unbounded; Q is read only inside the action bounds ([-1, 1] normalised, what the
         # data covers and what the env executes), so the Q term cannot push the actor out of them (issue 27 #4).

@@ -271,6 +271,11 @@ class OnlineSource:
         self.idx, flat, weights = self.buf.sample(self.cfg.batch_size, self.rng, progress=min(1.0, progress))
         batch = self.engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
         batch["progress"] = progress
+        if self.oc.replay.prioritized:
+            # The actor learns from a uniform draw: PER's high-|TD| items are what the critic needs, not a
+            # distribution the actor should fit or maximise Q over (actor-critic methods need uniform samples).
+            uniform = self.buf.gather(self.rng.integers(0, len(self.buf), self.cfg.batch_size))
+            batch["actor"] = self.engine.to_device({**_tensors(nest(uniform)), "progress": progress})
         if self.good is not None:  # the BC term's own batch of successful episodes (None until the first)
             self.good.sync()
             bc = nest(self.good.sample(self.cfg.batch_size, self.rng)[1]) if len(self.good) else None
