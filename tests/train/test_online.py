@@ -224,3 +224,28 @@ def test_qc_online_collects_with_best_of_n_and_imitates_successes(tmp_path, data
     assert acting == ["CriticRankedPolicy"] and summary["train_steps"] == 4 and summary["env_steps"] > 0
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("critic_loss" in x and "actor_loss" in x for x in lines)
+
+
+def test_offline_share_draws_that_share_of_every_batch_from_the_dataset(tmp_path, dataset):
+    from dmrl.train.online import OnlineSource
+
+    seen = []
+    next_batch = OnlineSource.next_batch
+
+    def spy(self, step):
+        batch = next_batch(self, step)
+        if batch is not None:
+            seen.append((batch["weights"].clone(), len(self.idx)))
+        return batch
+
+    online = {**ONLINE, "offline_share": 0.5}
+    OnlineSource.next_batch = spy
+    try:
+        summary = train(_cfg(dataset, tmp_path / "run", steps=3, source=online), progress=False)
+    finally:
+        OnlineSource.next_batch = next_batch
+    assert summary["train_steps"] == 3 and len(seen) == 3
+    for weights, n_replay in seen:  # batch 8: 4 dataset items (weight 1) in front, 4 prioritized replay items
+        assert len(weights) == 8 and n_replay == 4 and torch.all(weights[:4] == 1.0)
+    with pytest.raises(ValueError, match="offline-share keeps the dataset in its own ring"):
+        _cfg(dataset, tmp_path / "x", source={**online, "prefill_from_dataset": True})

@@ -96,6 +96,8 @@ class OnlineConfig:
     """Env steps per episode (0: the env's default)."""
     prefill_from_dataset: bool = False
     """Start the replay with --dataset's transitions (RLPD)."""
+    offline_share: float = 0.0
+    """Share of each batch drawn from --dataset's transitions, kept apart from the replay (RLPD: 0.5)."""
     bc_data: str = "replay"
     """BC term's data: replay or successes (self-imitation)."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
@@ -112,6 +114,12 @@ class OnlineConfig:
             raise ValueError(
                 f"online: need learning_starts >= 1, env_steps >= 0, eval_every >= 0, eval_episodes >= 1; got "
                 f"{self.learning_starts}, {self.env_steps}, {self.eval_every}, {self.eval_episodes}"
+            )
+        if not 0.0 <= self.offline_share < 1.0:
+            raise ValueError(f"--source.offline-share: got {self.offline_share}; allowed [0, 1) (0.5: RLPD)")
+        if self.offline_share > 0 and self.prefill_from_dataset:
+            raise ValueError(
+                "--source.offline-share keeps the dataset in its own ring: drop --source.prefill-from-dataset"
             )
         if self.exploration_noise < 0 or self.max_episode_steps < 0:
             raise ValueError(

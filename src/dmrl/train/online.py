@@ -145,6 +145,7 @@ class OnlineSource:
         self.collectors: Collectors | None = None
         self.evaluator: Evaluator | None = None
         self.buf: Any = None
+        self.demos: Any = None  # the dataset's ring when offline_share > 0 (process-local, rebuilt on resume)
         self.good: Any = None
         self.board: Any = None
         self.old_term: Any = None
@@ -166,6 +167,14 @@ class OnlineSource:
         # Collectors and evaluator act as evaluation does: with best-of-N the critic chooses the chunks they run.
         actor_cpu = _cpu_copy(algo.evaluation_policy())
         self.buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
+        self.demos = None
+        if oc.offline_share > 0:  # the dataset in a ring of its own, sampled uniformly beside the replay (RLPD)
+            c = cfg.chunk
+            demos = ChunkTransitionDataset(store, c.obs_keys, c.n_obs_steps, c.horizon, c.n_action_steps)
+            ring = dataclasses.replace(oc.replay, capacity=max(len(demos), 1), prioritized=False)
+            self.demos = ReplayBuffer(transition_spec(actor_cpu), ring, shared=False)
+            log.info("online: %d dataset chunk transitions, %.0f%% of each batch", prefill_replay(self.demos, demos),
+                     100 * oc.offline_share)  # fmt: skip
         # Self-imitation (bc_data "successes"): a uniform ring of successful episodes feeds the actor's BC term.
         if oc.bc_data == "successes":
             uniform = dataclasses.replace(oc.replay, prioritized=False)
@@ -268,13 +277,16 @@ class OnlineSource:
             time.sleep(0.05)
             return None
         progress = step / self.cfg.steps
-        self.idx, flat, weights = self.buf.sample(self.cfg.batch_size, self.rng, progress=min(1.0, progress))
+        n_off = int(round(self.cfg.batch_size * self.oc.offline_share)) if self.demos is not None else 0
+        self.idx, flat, weights = self.buf.sample(self.cfg.batch_size - n_off, self.rng, progress=min(1.0, progress))
+        flat, weights = self._with_demos(flat, weights, n_off)
         batch = self.engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
         batch["progress"] = progress
         if self.oc.replay.prioritized:
             # The actor learns from a uniform draw: PER's high-|TD| items are what the critic needs, not a
             # distribution the actor should fit or maximise Q over (actor-critic methods need uniform samples).
-            uniform = self.buf.gather(self.rng.integers(0, len(self.buf), self.cfg.batch_size))
+            uniform = self.buf.gather(self.rng.integers(0, len(self.buf), self.cfg.batch_size - n_off))
+            uniform, _ = self._with_demos(uniform, np.ones(0, np.float32), n_off)
             batch["actor"] = self.engine.to_device({**_tensors(nest(uniform)), "progress": progress})
         if self.good is not None:  # the BC term's own batch of successful episodes (None until the first)
             self.good.sync()
@@ -282,10 +294,18 @@ class OnlineSource:
             batch["bc"] = self.engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
         return batch
 
+    def _with_demos(self, flat: dict, weights: np.ndarray, n: int) -> tuple[dict, np.ndarray]:
+        """``n`` uniform dataset items put in front of a replay draw (weight 1: they are not prioritized)."""
+        if n == 0:
+            return flat, weights
+        demo = self.demos.gather(self.rng.integers(0, len(self.demos), n))
+        both = {k: np.concatenate([demo[k], flat[k]]) for k in flat}
+        return both, np.concatenate([np.ones(n, np.float32), weights])
+
     def after_update(self, step: int, logs: dict, algo: Any) -> None:
         """New priorities (|TD| per sampled slot), the acting policy (the actor, with its critic when it ranks
         best-of-N) published to collectors and evaluator."""
-        self.buf.update_priorities(self.idx, logs["td_error"])
+        self.buf.update_priorities(self.idx, logs["td_error"][len(logs["td_error"]) - len(self.idx) :])
         if step % self.oc.publish_every == 0:
             self.board.publish(_cpu_copy(algo.evaluation_policy()))
         if self.evaluator is not None and step % self.oc.eval_every == 0:
@@ -338,6 +358,8 @@ class OnlineSource:
             if ring is not None:
                 ring.close()
                 ring.unlink()
+        if self.demos is not None:
+            self.demos.close()
 
 
 def _cpu_copy(policy: Any) -> Any:
