@@ -4,6 +4,7 @@ from dmrl.algos.bc import BC, BCConfig
 from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
 from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
+from dmrl.algos.fql import FQL, FQLConfig, OneStepPolicy
 from dmrl.algos.in_support import IDQL, QC, IDQLConfig, QCConfig
 from dmrl.algos.td3_bc import TD3BC, TD3BCConfig
 
@@ -14,6 +15,7 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "td3-bc": (TD3BC, TD3BCConfig, "gaussian"),
     "qc": (QC, QCConfig, "diffusion"),
     "idql": (IDQL, IDQLConfig, "diffusion"),
+    "fql": (FQL, FQLConfig, "diffusion"),
 }
 
 
@@ -35,6 +37,7 @@ def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str 
 __all__ = [
     "ALGOS",
     "BC",
+    "FQL",
     "IDQL",
     "QC",
     "TD3BC",
@@ -44,7 +47,9 @@ __all__ = [
     "CriticRankedPolicy",
     "DiffusionQL",
     "DiffusionQLConfig",
+    "FQLConfig",
     "IDQLConfig",
+    "OneStepPolicy",
     "QCConfig",
     "TD3BCConfig",
     "chunk_td_target",

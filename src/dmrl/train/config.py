@@ -35,7 +35,7 @@ class _ConfigClasses(Mapping):
 #: --policy.type name -> its config class; --algo.type likewise.
 POLICY_TYPES: Mapping[str, type] = _ConfigClasses(POLICIES)
 ALGO_TYPES: Mapping[str, type] = _ConfigClasses(ALGOS)
-SELF_IMITATING = ("diffusion-ql", "qc", "idql")  # algorithms whose BC term reads batch["bc"] (bc_data successes)
+SELF_IMITATING = ("diffusion-ql", "qc", "idql", "fql")  # algorithms whose BC term reads batch["bc"] (bc_data successes)
 BC_DATA = ("replay", "successes")
 
 
@@ -139,8 +139,8 @@ C = TypeVar("C", bound=ChunkConfig)
 @dataclasses.dataclass
 class TrainConfig(Generic[P, A, S, C]):
     """``dmrl train``: a chunk policy trained by an algorithm on an episode store (offline) or on collected
-    experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type {bc,diffusion-ql,td3-bc}
-    and --source.type {offline,online}; this help lists the chosen types' flags."""
+    experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type
+    {bc,diffusion-ql,td3-bc,qc,idql,fql} and --source.type {offline,online}; this help lists the chosen types' flags."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
     """Episode store from dmrl collect."""
@@ -169,7 +169,7 @@ class TrainConfig(Generic[P, A, S, C]):
     policy: P = choice(POLICY_TYPES, "diffusion")
     """The policy (--policy.type diffusion | gaussian | vae)."""
     algo: A = choice(ALGO_TYPES, "bc")
-    """The algorithm (--algo.type bc | diffusion-ql | td3-bc)."""
+    """The algorithm (--algo.type bc | diffusion-ql | td3-bc | qc | idql | fql)."""
     source: S = choice(SOURCE_TYPES, "offline")
     """Where batches come from (--source.type offline | online)."""
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
