@@ -1,6 +1,6 @@
 """Offline RL on the `mixed` dataset: BC (diffusion) vs Diffusion-QL vs its advantage-weighted variant
 (diffusion-ql-aw: eta 0, BC weighted by the critic's advantage) vs TD3+BC (MLP actor) vs the in-support critics QC
-and IDQL (BC proposal, best-of-N by Q), several seeds.
+and IDQL (BC proposal, best-of-N by Q) vs FQL (one-step student distilled from the BC teacher), several seeds.
 
 Run: ``python benchmarks/rl_offline.py [--algos ...] [--seeds 0 1 2] [--steps N] [--reward shaped]`` (collects
 outputs/rl/mixed_<reward>.zarr first if absent). Writes benchmarks/results/rl_offline.json and .md (other rewards:
@@ -37,9 +37,11 @@ ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffus
     # In-support critics (dmrl.algos.in_support): a BC proposal, best-of-N chosen by Q at every decision.
     "qc": ("qc", "diffusion"),
     "idql": ("idql", "diffusion"),
+    # One-step student maximising Q while distilled from the BC teacher (alpha: --algo-overrides '{alpha: ..}').
+    "fql": ("fql", "diffusion"),
 }
 #: Arms whose critic chooses or shapes the actions (issue 27's `critic_guided`); the others are BC variants.
-CRITIC_GUIDED = {"diffusion-ql", "td3-bc", "qc", "idql"}
+CRITIC_GUIDED = {"diffusion-ql", "td3-bc", "qc", "idql", "fql"}
 Algo = Literal[tuple(ALGOS)]  # --algos choices
 Reward = Literal[REWARDS]  # --reward choices
 
