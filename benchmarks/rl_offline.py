@@ -34,7 +34,7 @@ ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffus
     # chunks and the actor's own samples (see DiffusionQLConfig.bc_weighting).
     "diffusion-ql-aw": ({"type": "diffusion-ql", "eta": 0.0, "bc_weighting": "advantage"}, "diffusion"),
     "td3-bc": ("td3-bc", "gaussian"),
-    # In-support critics (dmrl.algos.in_support): a BC proposal, best-of-N chosen by Q at every decision.
+    # In-support critics (dmrl.algos.qc, dmrl.algos.iql): a BC proposal, best-of-N chosen by Q at every decision.
     "qc": ("qc", "diffusion"),
     "idql": ("idql", "diffusion"),
     # One-step student maximising Q while distilled from the BC teacher (alpha: --algo-overrides '{alpha: ..}').

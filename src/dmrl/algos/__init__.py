@@ -5,7 +5,8 @@ from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
 from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
 from dmrl.algos.fql import FQL, FQLConfig, OneStepPolicy
-from dmrl.algos.in_support import IDQL, QC, IDQLConfig, QCConfig
+from dmrl.algos.iql import IDQL, IDQLConfig
+from dmrl.algos.qc import QC, QCConfig
 from dmrl.algos.td3_bc import TD3BC, TD3BCConfig
 
 #: --algo.type name -> (algorithm class, its config dataclass, the policy type it trains or None for any).

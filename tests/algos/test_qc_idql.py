@@ -1,5 +1,5 @@
-"""QC and IDQL (dmrl.algos.in_support): the critic is read only on the proposal's samples or the data's chunks, and
-on a two-mode bandit best-of-N picks the rewarded mode while the BC proposal keeps both (issue 27, section 5)."""
+"""QC and IDQL (dmrl.algos.qc, dmrl.algos.iql): the critic is read only on the proposal's samples or the data's
+chunks, and on a two-mode bandit best-of-N picks the rewarded mode while the BC proposal keeps both (issue 27 §5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from test_q_guidance import MODE, _bandit_batch
 
 from dmrl.algos import IDQL, QC, ChunkCritic, CriticConfig, IDQLConfig, QCConfig
 from dmrl.algos.best_of_n import CriticRankedPolicy
-from dmrl.algos.in_support import expectile_loss
+from dmrl.algos.iql import expectile_loss
 from dmrl.policies import DiffusionPolicyConfig, build_policy
 
 SMALL = CriticConfig(n_critics=2, hidden=32, depth=2, encoder_per_member=True)

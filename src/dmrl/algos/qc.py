@@ -1,19 +1,15 @@
-"""Actor-critic methods whose critic is only ever read on the data's support: the actor is a behaviour-cloned
-diffusion proposal, the critic chooses among its samples (best-of-N) and never pushes the actor off the data.
+"""Q-chunking (QC, Li, Zhou & Levine 2025) and what it shares with IDQL (dmrl.algos.iql): a behaviour-cloned
+diffusion proposal whose samples the critic chooses among (best-of-N), so the critic never pushes the actor off the
+data.
 
-- QC (Q-chunking, Li, Zhou & Levine 2025): Q of the executed chunk, TD target
-  max over N proposal samples a'_j of min_e Q'(s', a'_j) (an in-support max backup: Q is read only at chunks the
-  proposal produces, no gradient through its sampler).
-- IDQL (Hansen-Estruch et al. 2023), with IQL's critic (Kostrikov et al. 2022): Q and V are fitted on dataset
-  chunks alone (V by expectile regression on Q, Q on r + gamma^Ta V(s')), so no actor sample ever enters training.
-
-Both act by best-of-N (dmrl.algos.best_of_n.CriticRankedPolicy): the critic steers every decision, the actor's
-weights are plain BC. One readable update() each: critic (and value), then the BC actor, then the targets.
+QC's critic reads the executed chunk; its TD target is max over N proposal samples a'_j of min_e Q'(s', a'_j) (an
+in-support max backup: Q is read only at chunks the proposal produces, no gradient through its sampler). It acts by
+best-of-N (dmrl.algos.best_of_n.CriticRankedPolicy) in evaluation and in online collectors. One readable update():
+critic, then the BC proposal, then the targets.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +23,7 @@ from dmrl.policies.base import ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 
 
-def _per_member_critic() -> CriticConfig:
+def per_member_critic() -> CriticConfig:
     # Independent encoders: an ensemble whose members share one encoder agrees on its errors (issue 27 finding 4).
     return CriticConfig(encoder_per_member=True)
 
@@ -46,37 +42,15 @@ class QCConfig:
     """Adam learning rate of the critic."""
     actor_tau: float = 0.005
     """Polyak rate of the EMA proposal (exported, and sampled by the backup)."""
-    critic: CriticConfig = field(default_factory=_per_member_critic)
+    critic: CriticConfig = field(default_factory=per_member_critic)
 
     def __post_init__(self) -> None:
-        _check(self, "qc")
+        check_proposal_config(self, "qc")
         if self.backup_samples < 1:
             raise ValueError(f"--algo.backup-samples: got {self.backup_samples}; need >= 1")
 
 
-@dataclass
-class IDQLConfig:
-    """IDQL: IQL critic and value fitted on data chunks only, best-of-N acting over the BC proposal's samples."""
-
-    n_action_samples: int = 32
-    """Best-of-N at act time: chunks the proposal samples per decision."""
-    expectile: float = 0.7
-    """IQL's tau: V(s) is this expectile of Q(s, a_data) (0.5: the mean, toward 1: the max)."""
-    actor_lr: float = 3e-4
-    """Adam learning rate of the BC proposal."""
-    critic_lr: float = 3e-4
-    """Adam learning rate of critic and value."""
-    actor_tau: float = 0.005
-    """Polyak rate of the EMA proposal (exported)."""
-    critic: CriticConfig = field(default_factory=_per_member_critic)
-
-    def __post_init__(self) -> None:
-        _check(self, "idql")
-        if not 0.5 <= self.expectile < 1.0:
-            raise ValueError(f"--algo.expectile: got {self.expectile}; allowed [0.5, 1)")
-
-
-def _check(c: QCConfig | IDQLConfig, name: str) -> None:
+def check_proposal_config(c: Any, name: str) -> None:
     if c.n_action_samples < 1 or c.actor_lr <= 0 or c.critic_lr <= 0 or not 0.0 < c.actor_tau <= 1.0:
         raise ValueError(
             f"{name}: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0, actor_tau in (0, 1]; got "
@@ -84,13 +58,7 @@ def _check(c: QCConfig | IDQLConfig, name: str) -> None:
         )
 
 
-def expectile_loss(diff: Tensor, expectile: float) -> Tensor:
-    """IQL's asymmetric squared loss of diff = target - prediction: |tau - 1(diff < 0)| diff^2, mean over items."""
-    weight = torch.where(diff < 0, 1.0 - expectile, expectile)
-    return (weight * diff.pow(2)).mean()
-
-
-class _BCProposalCritic(nn.Module):
+class BCProposalCritic(nn.Module):
     """What QC and IDQL share: a diffusion proposal trained by BC (with an EMA, exported), a Q ensemble with its
     target, their Adam optimizers, and best-of-N evaluation. Batches: dmrl.data.ChunkTransitionDataset items."""
 
@@ -100,7 +68,7 @@ class _BCProposalCritic(nn.Module):
         self,
         actor: DiffusionPolicy,
         critic: ChunkCritic,
-        config: QCConfig | IDQLConfig,
+        config: Any,
         engine: Stepper,
         value: ChunkCritic | None = None,
     ):
@@ -123,7 +91,7 @@ class _BCProposalCritic(nn.Module):
         return [p for m in nets for p in m.parameters() if p.requires_grad]
 
     @classmethod
-    def build(cls, policy: DiffusionPolicy, config: Any, engine: Stepper, total_steps: int) -> _BCProposalCritic:
+    def build(cls, policy: DiffusionPolicy, config: Any, engine: Stepper, total_steps: int) -> BCProposalCritic:
         """The algorithm for a freshly built proposal: a new critic shaped like it, both on the engine's device."""
         policy.to(engine.device)
         return cls(policy, ChunkCritic(policy, config.critic).to(engine.device), config, engine)
@@ -166,7 +134,7 @@ class _BCProposalCritic(nn.Module):
         return logs
 
 
-class QC(_BCProposalCritic):
+class QC(BCProposalCritic):
     """Q-chunking: the critic's target maxes over the proposal's own samples at s' (never over arbitrary chunks)."""
 
     config: QCConfig
@@ -191,37 +159,5 @@ class QC(_BCProposalCritic):
         """One step: critic on the in-support max backup, then BC for the proposal, then the targets."""
         logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
         logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()  # (B,): PER priorities
-        logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
-        return self.step_actor_and_targets(batch, logs)
-
-
-class IDQL(_BCProposalCritic):
-    """IDQL with IQL's critic: Q and V never read a chunk that is not in the data."""
-
-    config: IDQLConfig
-
-    def __init__(self, actor: DiffusionPolicy, critic: ChunkCritic, config: IDQLConfig, engine: Stepper):
-        value = ChunkCritic(actor, dataclasses.replace(critic.config, n_critics=1), with_actions=False)
-        super().__init__(actor, critic, config, engine, value.to(next(critic.parameters()).device))
-
-    def critic_loss(self, batch: dict) -> dict[str, Tensor]:
-        """Expectile regression of V(s) on min_e Q'(s, a_data), plus Q(s, a_data) on r + gamma^Ta V(s')."""
-        with torch.no_grad():
-            q_target = self.critic_target(batch["obs"], self.critic.executed_from_data(batch["action"]))
-            q_target = q_target.min(0).values.float()  # (B,)
-            next_v = self.value(batch["next_obs"])[0].float()  # (B,); V has no target net in IQL
-            y = chunk_td_target(batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_v,
-                                self.critic.config.gamma)  # fmt: skip
-        v = self.value(batch["obs"])[0].float()  # (B,)
-        v_loss = expectile_loss(q_target - v, self.config.expectile)
-        q = self.data_q(batch)  # (E, B)
-        q_loss, td_error = td_regression(q, y, batch.get("weights"))
-        return {"loss": q_loss + v_loss, "q": q.mean().detach(), "v": v.mean().detach(), "target": y.mean(),
-                "v_loss": v_loss.detach(), "td_error": td_error}  # fmt: skip
-
-    def update(self, batch: dict) -> dict[str, Any]:
-        """One step: V and Q on dataset chunks only, then BC for the proposal, then the targets."""
-        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
-        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()
         logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
         return self.step_actor_and_targets(batch, logs)
