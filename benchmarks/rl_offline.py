@@ -175,7 +175,8 @@ def main() -> None:
         "curves": f"every {args.curve_every} updates, {args.curve_episodes} episodes (seeds 100000..) per point",
     }
     write_results(stem, rows, meta, list(rows[0]))
-    curves_file.write_text(json.dumps(curves) + "\n")
+    if not args.selection:
+        curves_file.write_text(json.dumps(curves) + "\n")
     if any(any(seeds) for seeds in curves.values()):
         title = f"offline RL on mixed: {meta['curves']}"
         plot_curves({k: v for k, v in curves.items() if any(v)}, ROOT / "docs" / f"{stem}.png", title)
