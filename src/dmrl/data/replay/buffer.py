@@ -8,87 +8,32 @@ Who does what with `shared=True`:
   collector (spawned) buf = ReplayBuffer.attach(handle); buf.add(batch) ... buf.close().
 
 The data and one int64 counter (items ever written) live in shared memory; every write takes the handle's lock,
-writes the rows, then bumps the counter. The sum tree stays in the owner only: `sync()` reads the counter and
-gives the current max priority to every slot written since the previous sync, so collectors never touch it.
+writes the rows, then bumps the counter. The lock is a ProcessLock (flock): a writer SIGKILLed inside add() frees
+it, and the ring still holds whole items only, as a shared ring's writes go through a journal: rows are staged,
+marked as the items [first, end) to write, copied into their slots and counted; whoever takes the lock next and
+finds a marked range not counted redoes the copy (see `_commit`). The sum tree stays in the owner only: `sync()`
+reads the counter and gives the current max priority to every slot written since the previous sync, so
+collectors never touch it.
 Sampling does not take the lock, so a row a collector is overwriting at that moment can come back half old and
 half new; like other asynchronous replay designs we accept that (the ring is large and overwrites are rare).
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from dmrl.data.replay.config import ReplayConfig, ReplayHandle, Spec, check_spec
+from dmrl.data.replay.lock import ProcessLock
 from dmrl.data.replay.shared import SegmentGroup
 from dmrl.data.replay.sumtree import SumTree
 
-Spec = dict[str, tuple[tuple[int, ...], np.dtype]]
-_COUNT = "__count__"  # reserved block name for the items-written counter
-
-
-@dataclass
-class ReplayConfig:
-    """Replay buffer size and prioritized-replay hyper-parameters."""
-
-    capacity: int = 1_000_000
-    """Items kept; the oldest are overwritten first."""
-    prioritized: bool = True
-    """Prioritized replay by |TD| (False: uniform)."""
-    alpha: float = 0.6
-    """Priority exponent (0: uniform, 1: proportional)."""
-    beta0: float = 0.4
-    """Importance-weight exponent at first, annealed to 1."""
-    beta_steps: int = 100_000
-    """Sampling calls over which beta goes from beta0 to 1."""
-    eps: float = 1e-6
-    """Added to |TD| so no priority is zero."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 1:
-            raise ValueError(f"ReplayConfig.capacity: got {self.capacity!r}; must be an int >= 1")
-        if not self.alpha >= 0:
-            raise ValueError(f"ReplayConfig.alpha: got {self.alpha}; must be >= 0 (0 = uniform)")
-        if not 0 <= self.beta0 <= 1:
-            raise ValueError(f"ReplayConfig.beta0: got {self.beta0}; must be in [0, 1]")
-        if isinstance(self.beta_steps, bool) or not isinstance(self.beta_steps, int) or self.beta_steps < 1:
-            raise ValueError(f"ReplayConfig.beta_steps: got {self.beta_steps!r}; must be an int >= 1")
-        if not self.eps > 0:
-            raise ValueError(f"ReplayConfig.eps: got {self.eps}; must be > 0")
-
-
-@dataclass(frozen=True)
-class ReplayHandle:
-    """What a spawned process needs to `ReplayBuffer.attach`: pass it as a Process/Pool argument (the lock can
-    only travel that way, not through a queue or a file)."""
-
-    spec: dict[str, tuple[tuple[int, ...], str]]  # key -> (per-item shape, dtype string)
-    config: ReplayConfig
-    blocks: dict[str, str]  # key (and the counter) -> shared memory block name
-    lock: Any  # a multiprocessing Lock from a spawn context (or any lock the owner was given)
-
-
-def _check_spec(spec: dict[str, tuple[tuple[int, ...], Any]]) -> Spec:
-    if not spec:
-        raise ValueError("ReplayBuffer spec: got no keys; give e.g. {'obs': ((2, 31), np.float32), ...}")
-    out: Spec = {}
-    for key, entry in spec.items():
-        if not isinstance(key, str) or not key or key == _COUNT:
-            raise ValueError(f"ReplayBuffer spec key: got {key!r}; must be a non-empty str other than {_COUNT!r}")
-        try:
-            shape, dtype = entry
-            shape = tuple(int(d) for d in shape)
-            dtype = np.dtype(dtype)
-        except (TypeError, ValueError):
-            raise ValueError(f"ReplayBuffer spec[{key!r}]: got {entry!r}; must be (shape tuple, numpy dtype)") from None
-        if any(d < 0 for d in shape) or dtype.hasobject:
-            raise ValueError(f"ReplayBuffer spec[{key!r}]: got {shape} {dtype}; need dims >= 0 and a non-object dtype")
-        out[key] = (shape, dtype)
-    return out
+_COUNT = "__count__"  # reserved block name for the counters: items written, the journal's first and end item
+_STAGE = "__stage__."  # reserved prefix of the journal's blocks (shared rings)
+_STAGE_ROWS = 1024  # items per journal entry: a longer add() is written in several
 
 
 class ReplayBuffer:
@@ -105,10 +50,10 @@ class ReplayBuffer:
         shared: bool = False,
         lock: Any = None,
     ) -> None:
-        """shared=True puts the arrays in shared memory (see `handle`); `lock` defaults to a spawn-context Lock
-        when shared (a threading.Lock otherwise)."""
+        """shared=True puts the arrays in shared memory (see `handle`); `lock` defaults to a ProcessLock when
+        shared (a threading.Lock otherwise)."""
         config = config if config is not None else ReplayConfig()
-        self._setup(_check_spec(spec), config, shared, lock, blocks=None)
+        self._setup(check_spec(spec), config, shared, lock, blocks=None)
 
     def _setup(self, spec: Spec, config: ReplayConfig, shared: bool, lock: Any, blocks: dict[str, str] | None) -> None:
         self.spec = spec
@@ -117,17 +62,21 @@ class ReplayBuffer:
         self.shared = shared
         self._owner = blocks is None
         layout = [(k, (self.capacity, *shape), dtype) for k, (shape, dtype) in spec.items()]
-        layout.append((_COUNT, (1,), np.dtype(np.int64)))
+        layout.append((_COUNT, (3,), np.dtype(np.int64)))
         segments: SegmentGroup | None = None
+        self._own_lock = lock is None and blocks is None
         if shared:
+            rows = min(self.capacity, _STAGE_ROWS)
+            layout += [(_STAGE + k, (rows, *shape), dtype) for k, (shape, dtype) in spec.items()]
             segments = SegmentGroup.create(layout) if blocks is None else SegmentGroup.attach(layout, blocks)
             arrays = {k: a.array for k, a in segments.arrays.items()}
-            self._lock = lock if lock is not None else mp.get_context("spawn").Lock()
+            self._lock = lock if lock is not None else ProcessLock()
         else:
             arrays = {k: np.zeros(shape, dtype) for k, shape, dtype in layout}
             self._lock = lock if lock is not None else threading.Lock()
         # Views before the segments that back them: if this object is collected, its views go first.
-        self._count: np.ndarray | None = arrays.pop(_COUNT)  # (1,) int64: items ever written
+        self._count: np.ndarray | None = arrays.pop(_COUNT)  # (3,) int64: items ever written, journal first, end
+        self._stage = {k: arrays.pop(_STAGE + k) for k in spec} if shared else None
         self._arrays: dict[str, np.ndarray] = arrays  # key -> (capacity, *shape)
         self._segments = segments
         # The sum tree (and so prioritized sampling) exists only in the owner; an attached copy only writes.
@@ -148,12 +97,12 @@ class ReplayBuffer:
     def attach(cls, handle: ReplayHandle) -> ReplayBuffer:
         """Map the owner's shared ring in this process; the result can `add` (and sample uniformly)."""
         buf = cls.__new__(cls)
-        buf._setup(_check_spec(handle.spec), handle.config, True, handle.lock, blocks=handle.blocks)
+        buf._setup(check_spec(handle.spec), handle.config, True, handle.lock, blocks=handle.blocks)
         return buf
 
     def close(self) -> None:
         """Unmap the shared arrays in this process (idempotent); the buffer is unusable afterwards."""
-        self._arrays, self._count = {}, None
+        self._arrays, self._count, self._stage = {}, None, None
         if self._segments is not None:
             self._segments.close()
 
@@ -163,6 +112,8 @@ class ReplayBuffer:
             raise RuntimeError("ReplayBuffer.unlink() is for the process that created the buffer; call close()")
         if self._segments is not None:
             self._segments.unlink()
+        if self._own_lock and isinstance(self._lock, ProcessLock):
+            self._lock.close()
 
     def __enter__(self) -> ReplayBuffer:
         return self
@@ -222,24 +173,54 @@ class ReplayBuffer:
             if not np.can_cast(v.dtype, dtype, "same_kind"):
                 raise ValueError(f"ReplayBuffer.add[{k!r}]: got dtype {v.dtype}; must cast to {dtype} (same kind)")
         if n > 0:
+            skip = max(n - self.capacity, 0)  # rows that this very call would overwrite again
             with self._lock:
-                start = int(count[0])
-                skip = max(n - self.capacity, 0)  # rows that this very call would overwrite again
-                m = n - skip
-                pos = (start + skip) % self.capacity
-                first = min(m, self.capacity - pos)  # rows before the ring wraps
-                for k, arr in self._arrays.items():
-                    v = values[k][skip:]
-                    arr[pos : pos + first] = v[:first]
-                    arr[: m - first] = v[first:]
-                count[0] = start + n  # last, so a reader that sees the new count also sees the rows
+                self._redo()
+                first = int(count[0]) + skip
+                if self._stage is None:  # a process-local ring: no other process sees a write cut short
+                    self._put(first, {k: v[skip:] for k, v in values.items()})
+                    count[0] = first + n - skip  # last, so a reader that sees the new count also sees the rows
+                else:
+                    rows = len(next(iter(self._stage.values())))  # min(capacity, _STAGE_ROWS) >= n - skip pieces
+                    for lo in range(skip, n, rows):
+                        self._commit(first + lo - skip, {k: v[lo : lo + rows] for k, v in values.items()})
         if self._tree is not None:
             self.sync()
+
+    def _put(self, first: int, rows: dict[str, np.ndarray]) -> None:
+        """Write items first, first+1, ... (rows: key -> (m, *shape), m <= capacity) into their slots."""
+        m = len(next(iter(rows.values())))
+        pos = first % self.capacity
+        head = min(m, self.capacity - pos)  # rows before the ring wraps
+        for k, arr in self._arrays.items():
+            arr[pos : pos + head] = rows[k][:head]
+            arr[: m - head] = rows[k][head:]
+
+    def _commit(self, first: int, rows: dict[str, np.ndarray]) -> None:
+        """Under the lock, a shared ring: items first, first+1, ... through the journal. The rows are staged, then
+        [first, end) marked (first before end: a mark is whole once end moved), then copied and counted. A writer
+        killed before the mark leaves the ring untouched; after it, `_redo` finishes its copy."""
+        assert self._stage is not None and self._count is not None
+        m = len(next(iter(rows.values())))
+        for k, st in self._stage.items():
+            st[:m] = rows[k]
+        self._count[1] = first
+        self._count[2] = first + m
+        self._redo()
+
+    def _redo(self) -> None:
+        """Under the lock: copy a journal entry not yet counted (its writer died, or is `_commit`) into the ring."""
+        count = self._counter()
+        first, end = int(count[1]), int(count[2])
+        if self._stage is not None and end > count[0]:
+            self._put(first, {k: st[: end - first] for k, st in self._stage.items()})
+            count[0] = end  # last, so a reader that sees the new count also sees the rows
 
     def sync(self) -> int:
         """Owner: give the current max priority to every slot written since the last sync (by any process).
         Returns the number of items written since then (can exceed capacity)."""
         with self._lock:
+            self._redo()  # a writer that died after its journal mark: its items count
             n = int(self._counter()[0])
         new = n - self._synced
         if new > 0 and self._tree is not None:
@@ -257,6 +238,7 @@ class ReplayBuffer:
         if not self._owner:
             raise RuntimeError("ReplayBuffer.state_dict() is for the process that created the buffer")
         with self._lock:
+            self._redo()
             n = int(self._counter()[0])
             size = min(n, self.capacity)
             out = {k: arr[:size].copy() for k, arr in self._arrays.items()}
@@ -281,7 +263,7 @@ class ReplayBuffer:
         with self._lock:
             for k, arr in self._arrays.items():
                 arr[:size] = state[k]
-            self._counter()[0] = n
+            self._counter()[:] = n  # and no journal entry pending
         self._synced = n
         if self._tree is not None and size:
             p = state.get("__priorities__")
