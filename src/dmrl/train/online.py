@@ -2,7 +2,7 @@
 replay ring with chunk transitions of the newest published actor; the training loop samples it (PER) and updates.
 
 --dataset supplies the normaliser statistics and shapes (and --init the starting weights). Ctrl-C / SIGTERM: the
-stop event ends every child, the state so far is saved, and the run can --resume. Every training state holds the
+stop flag ends every child, the state so far is saved, and the run can --resume. Every training state holds the
 replay rings as they were when it was saved (replay.npz, successes.npz, online.json), so a resumed run, after a
 SIGKILL too, starts from the replay of its state. A collector or the evaluator that dies is restarted; children
 die with a SIGKILLed learner (dmrl.train.online_workers).
@@ -29,6 +29,8 @@ from dmrl.train.config import OnlineConfig, TrainConfig
 from dmrl.train.engine import Engine
 from dmrl.train.offline import env_kwargs_from_store
 from dmrl.train.online_workers import (
+    StepCounter,
+    StopFlag,
     WeightBoard,
     collector_main,
     evaluator_main,
@@ -152,6 +154,7 @@ class OnlineSource:
         self.snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
         self.idx: Any = None
         self.stop: Any = None
+        self.env_steps: Any = None
         self.resume_dir: Path | None = None
         self.pending: list[dict] = []  # records for the next events() call (replay_restored)
         self.halted = self.closed = False
@@ -194,7 +197,7 @@ class OnlineSource:
                          prefill_replay(self.good, wins), len(won))  # fmt: skip
         ctx = self.ctx
         env_steps = self.env_steps0 = int(restored["env_steps"]) if restored else 0
-        self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), ctx.Event(), ctx.Value("q", env_steps)
+        self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), StopFlag(ctx), StepCounter(ctx, env_steps)
         good = self.good
         args = lambda i, seed: (  # noqa: E731
             i, actor_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
@@ -354,6 +357,8 @@ class OnlineSource:
         self.halt()
         if self.board is not None:
             self.board.close()
+        if self.env_steps is not None:
+            self.env_steps.close()
         for ring in (self.buf, self.good):
             if ring is not None:
                 ring.close()

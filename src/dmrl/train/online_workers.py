@@ -5,6 +5,9 @@ Weights travel through one flat float32 shared array (every floating tensor of t
 state_dict order) plus a version counter, both written under one lock; a collector copies them in when the
 version moved. Transitions are flat dicts {"obs.state": (To, S), "action": (Tp, Da), ...}: the keys and shapes of
 a ChunkTransitionDataset item, with nested obs keys joined by a dot so they fit the replay ring's flat spec.
+
+No child can hang the learner by dying: every lock they share is a ProcessLock (the kernel frees it when its
+holder dies, where a multiprocessing Lock stays held for good), and the stop signal is a lock-free flag.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dmrl.data.replay import ReplayBuffer, ReplayHandle
+from dmrl.data.replay import ProcessLock, ReplayBuffer, ReplayHandle
 from dmrl.data.replay.shared import SharedArray
 from dmrl.policies.base import ChunkPolicy
 
@@ -54,7 +57,7 @@ class WeightBoard:
         flat = flat_weights(policy)
         self.array = SharedArray(flat.shape, np.float32)
         self.version = ctx.Value("q", 0, lock=False)
-        self.lock = ctx.Lock()
+        self.lock = ProcessLock()
         self.publish(policy)
 
     def publish(self, policy: ChunkPolicy) -> None:
@@ -69,6 +72,40 @@ class WeightBoard:
         self.array.close()
         with contextlib.suppress(FileNotFoundError):
             self.array.shm.unlink()
+        self.lock.close()
+
+
+class StopFlag:
+    """The learner's stop signal to its children: one shared byte. A multiprocessing Event takes a lock in
+    is_set(), which children poll all the time: one killed in there would hang the learner's set()."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.flag = ctx.Value("b", 0, lock=False)
+
+    def set(self) -> None:
+        self.flag.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self.flag.value)
+
+
+class StepCounter:
+    """Env steps collected by all collectors: a shared int64 that they add to under a ProcessLock and the learner
+    reads without one (an aligned 8-byte load is never torn, and the count only grows)."""
+
+    def __init__(self, ctx: Any, value: int) -> None:
+        self.raw, self.lock = ctx.Value("q", value, lock=False), ProcessLock()
+
+    @property
+    def value(self) -> int:
+        return int(self.raw.value)
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.raw.value += n
+
+    def close(self) -> None:
+        self.lock.close()
 
 
 def transition_spec(policy: ChunkPolicy) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -164,14 +201,14 @@ def rollout_chunks(
 
 
 def _quiet_signals() -> None:
-    # Ctrl-C reaches the whole process group: children leave through the stop event, not a KeyboardInterrupt.
+    # Ctrl-C reaches the whole process group: children leave through the stop flag, not a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _die_with_parent()
 
 
 def _die_with_parent() -> None:
-    """A SIGKILLed learner sets no stop event and runs no cleanup: its children must not outlive it. Linux:
+    """A SIGKILLed learner sets no stop flag and runs no cleanup: its children must not outlive it. Linux:
     the kernel sends SIGKILL when the parent dies (PR_SET_PDEATHSIG); :func:`parent_gone` is the portable
     check the loops make too."""
     if sys.platform.startswith("linux"):
@@ -230,8 +267,7 @@ def collector_main(
                 buf.add(stacked)
                 if won and good is not None:
                     good.add(stacked)
-                with steps.get_lock():
-                    steps.value += int(sum(it["valid"].sum() for it in items))
+                steps.add(int(sum(it["valid"].sum() for it in items)))
                 if stop.is_set() or parent_gone():
                     break
             if parent_gone():
