@@ -1,5 +1,6 @@
-"""Fault injection in online training (issue 31 §3): a SIGKILLed evaluator is restarted; a SIGKILLed learner leaves
-no child behind and resumes with the replay its last training state held."""
+"""Fault injection in online training (issue 31 §3): a child SIGKILLed while it holds a shared lock does not block
+the learner; a SIGKILLed evaluator is restarted; a SIGKILLed learner leaves no child behind and resumes with the
+replay its last training state held."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ import yaml
 from online_tiny import ONLINE, TINY, alive, children, collect_tiny
 
 from dmrl.config_utils import merge
+from dmrl.data import EpisodeStore
 from dmrl.data.replay import ReplayBuffer, ReplayConfig
 from dmrl.train.config import TrainConfig
 from dmrl.train.engine.state import state_dirs
+from dmrl.train.offline import build_from_store
+from dmrl.train.online_workers import StepCounter, WeightBoard
 from dmrl.train.run import train
 
 
@@ -45,6 +49,44 @@ def test_replay_state_dict_round_trip_keeps_items_counter_and_priorities():
         np.testing.assert_allclose(b.priorities(np.arange(10)), a.priorities(np.arange(10)))
         with pytest.raises(ValueError, match=r"replay state\['x'\]"):
             b.load_state_dict({**a.state_dict(), "x": np.zeros((10, 4), np.float32)})
+
+
+def _hold(lock, ready) -> None:
+    """Child: take ``lock``, say so, and sleep holding it until killed."""
+    lock.acquire()
+    ready.send(True)
+    time.sleep(120)
+
+
+@pytest.mark.parametrize("shared", ["weight_board", "env_steps"])
+def test_a_child_killed_holding_a_shared_lock_does_not_block_the_learner(dataset, shared):
+    ctx = mp.get_context("spawn")
+    if shared == "weight_board":
+        cfg = merge(TrainConfig(), {**TINY, "dataset": str(dataset), "out": "unused"})
+        policy, _ = build_from_store(cfg, EpisodeStore.open(dataset))
+        board = WeightBoard(policy, ctx)
+        lock, work, close = board.handle()[3], lambda: board.publish(policy), board.close
+    else:
+        counter = StepCounter(ctx, 0)
+        lock, work, close = counter.lock, lambda: counter.add(5), counter.close
+    mine, theirs = ctx.Pipe()
+    child = ctx.Process(target=_hold, args=(lock, theirs), daemon=True)
+    child.start()
+    try:
+        assert mine.poll(60) and mine.recv(), "the child never took the lock"
+        assert not lock.acquire(timeout=0.1)  # held by the child
+        os.kill(child.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        assert lock.acquire(timeout=1.0), "the lock of a SIGKILLed child was not released"
+        assert time.monotonic() - t0 < 1.0
+        lock.release()
+        work()  # publishing the weights / counting env steps takes the lock again
+    finally:
+        child.kill()
+        child.join(10)
+        close()
+    if shared == "env_steps":
+        assert counter.value == 5
 
 
 def test_killed_evaluator_is_restarted_and_keeps_evaluating(tmp_path, dataset):
