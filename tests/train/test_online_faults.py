@@ -1,6 +1,6 @@
 """Fault injection in online training (issue 31 §3): a child SIGKILLed while it holds a shared lock does not block
-the learner; a SIGKILLed evaluator is restarted; a SIGKILLed learner leaves no child behind and resumes with the
-replay its last training state held."""
+the learner; the run's children.json names its live children (a restarted collector too); a SIGKILLed evaluator is
+restarted; a SIGKILLed learner leaves no child behind and resumes with the replay its last training state held."""
 
 from __future__ import annotations
 
@@ -87,6 +87,34 @@ def test_a_child_killed_holding_a_shared_lock_does_not_block_the_learner(dataset
         close()
     if shared == "env_steps":
         assert counter.value == 5
+
+
+def test_children_file_names_the_live_children_and_a_restarted_collector(tmp_path, dataset):
+    run = tmp_path / "run"
+    seen: list[tuple[dict, dict]] = []  # (children.json, the pids the learner has) at each loop iteration
+    killed: dict = {}
+
+    def hook(info):
+        pids = list(info["collector_pids"])
+        now = {"learner": os.getpid(), "collectors": pids, "evaluator": info["evaluator_pid"]}
+        seen.append((json.loads((run / "children.json").read_text()), now))
+        if not killed and info["update"] >= 2:
+            killed.update(pid=pids[0], live=all(alive(p) for p in [*pids, now["evaluator"]]))
+            os.kill(pids[0], signal.SIGKILL)
+            time.sleep(0.5)
+        elif killed and pids[0] == killed["pid"]:
+            time.sleep(0.1)  # slow the learner until it restarted the collector
+        elif killed and "new" not in killed:
+            killed["new"] = pids[0]
+
+    online = {**ONLINE, "eval_every": 5, "eval_episodes": 1}
+    cfg = merge(TrainConfig(), {**TINY, "dataset": str(dataset), "out": str(run), "steps": 60, "source": online})
+    summary = train(cfg, progress=False, hook=hook)
+    assert killed["live"] and summary["collector_restarts"] >= 1 and summary["train_steps"] == 60
+    assert all(file == now for file, now in seen), next((f, n) for f, n in seen if f != n)
+    assert len(seen[-1][1]["collectors"]) == 2 and seen[-1][1]["evaluator"] is not None
+    assert killed["new"] != killed["pid"] and seen[-1][0]["collectors"][0] == killed["new"]
+    assert not (run / "children.json").exists()  # removed once the children stopped
 
 
 def test_killed_evaluator_is_restarted_and_keeps_evaluating(tmp_path, dataset):

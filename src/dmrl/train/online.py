@@ -5,7 +5,10 @@ replay ring with chunk transitions of the newest published actor; the training l
 stop flag ends every child, the state so far is saved, and the run can --resume. Every training state holds the
 replay rings as they were when it was saved (replay.npz, successes.npz, online.json), so a resumed run, after a
 SIGKILL too, starts from the replay of its state. A collector or the evaluator that dies is restarted; children
-die with a SIGKILLed learner (dmrl.train.online_workers).
+die with a SIGKILLed learner (dmrl.train.online_workers). While they run, ``<out>/children.json`` names them
+({"learner": pid, "collectors": [pids], "evaluator": pid or null}; rewritten atomically whenever one starts) for
+tools that watch or fault-inject a run; it is removed once they are stopped, so a file left behind belongs to a
+learner that was killed: check that its "learner" pid is the one you started.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from dmrl.train.online_workers import (
     nest,
     prefill_replay,
     transition_spec,
+    write_children,
 )
 
 log = logging.getLogger(__name__)
@@ -212,6 +216,16 @@ class OnlineSource:
                 actor_cpu, self.env_id, self.env_kwargs, seeds, inbox, outbox, self.stop,
             )  # fmt: skip
             self.evaluator = Evaluator(ctx, eval_args)
+        self._write_children()
+
+    def _write_children(self) -> None:
+        """<out>/children.json: the pids of the children now (see the module doc)."""
+        assert self.collectors is not None
+        ev = self.evaluator.proc.pid if self.evaluator is not None else None
+        try:
+            write_children(Path(self.cfg.out) / "children.json", self.collectors.pids, ev)
+        except OSError as e:  # a file for outside tools: the run goes on without it
+            log.warning("online: cannot write %s/children.json (%s)", self.cfg.out, e.strerror)
 
     # --- the replay in training states --------------------------------------------------------------------
 
@@ -262,10 +276,14 @@ class OnlineSource:
 
     def events(self, step: int) -> list[dict]:
         """Collector restarts, and evaluations that finished (with the env steps collected at their snapshot)."""
-        records, self.pending = [*self.pending, *self.collectors.restart_dead()], []
+        restarts = self.collectors.restart_dead()
         ev = self.evaluator
         if ev is not None:
-            records += ev.restart_dead()
+            restarts += ev.restart_dead()
+        if restarts:
+            self._write_children()
+        records, self.pending = [*self.pending, *restarts], []
+        if ev is not None:
             while not ev.outbox.empty():
                 rec = ev.outbox.get()  # the env steps collected when its snapshot was taken: learning curves' x axis
                 records.append({"eval_env_steps": self.snapshot_env_steps.pop(rec["update"], None), **rec})
@@ -344,6 +362,7 @@ class OnlineSource:
         procs = [*(self.collectors.procs if self.collectors else []), *([ev.proc] if ev else [])]
         if self.stop is not None:
             stop_children(procs, self.stop)
+            (Path(self.cfg.out) / "children.json").unlink(missing_ok=True)
         if ev is not None:
             close_queues(ev.inbox, ev.outbox)
         if self.old_term is not None:

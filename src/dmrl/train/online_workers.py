@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import multiprocessing as mp
 import os
 import queue
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -106,6 +108,18 @@ class StepCounter:
 
     def close(self) -> None:
         self.lock.close()
+
+
+def write_children(path: Path, collectors: list[int], evaluator: int | None) -> None:
+    """``path`` (the run's children.json) := {"learner": this pid, "collectors": [...], "evaluator": pid or null},
+    replaced atomically (a reader sees the old file or the new one, never half of one)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({"learner": os.getpid(), "collectors": collectors, "evaluator": evaluator}))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def transition_spec(policy: ChunkPolicy) -> dict[str, tuple[tuple[int, ...], Any]]:
