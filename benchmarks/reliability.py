@@ -112,12 +112,14 @@ def _proc_children(pid: int) -> list[int]:
     return out
 
 
-def _maps_shared_memory(pid: int) -> bool:
-    """Collectors map the replay ring and the weight board (/dev/shm); the evaluator maps neither."""
+def _children_file(run: Path, learner: int) -> dict | None:
+    """The run's children.json ({"learner", "collectors", "evaluator"} pids) as the learner ``learner`` wrote it;
+    None while it is missing or unreadable, or left behind by an earlier (killed) learner."""
     try:
-        return "/psm_" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return True
+        kids = json.loads((run / "children.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return kids if isinstance(kids, dict) and kids.get("learner") == learner else None
 
 
 def _proc_alive(pid: int) -> bool:
@@ -174,8 +176,12 @@ def fault_injection(args: Args) -> list[dict]:
                 expect_restore = None
             target = rnd.choice(["collector", "evaluator", "learner"])
             kids = _proc_children(proc.pid)
-            if target != "learner":  # the evaluator maps no shared memory; the restart record confirms which died
-                pool = [k for k in kids if _maps_shared_memory(k) == (target == "collector")]
+            if target != "learner":  # the learner names its children; the restart record confirms which died
+                named = _children_file(run, proc.pid)
+                if named is None:
+                    continue
+                pool = named["collectors"] if target == "collector" else [named["evaluator"]]
+                pool = [k for k in pool if k is not None and _proc_alive(k)]
                 if not pool:
                     continue
                 before = len(_metrics(run))
