@@ -33,6 +33,11 @@ ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffus
     # Advantage-weighted BC on the same critic, no Q gradient (eta 0): the critic is read only at the dataset's
     # chunks and the actor's own samples (see DiffusionQLConfig.bc_weighting).
     "diffusion-ql-aw": ({"type": "diffusion-ql", "eta": 0.0, "bc_weighting": "advantage"}, "diffusion"),
+    # The same training, acting best-of-32 by its critic (N chosen on the selection seeds: rl_best_of_n_select.md).
+    "diffusion-ql-aw-bon": (
+        {"type": "diffusion-ql", "eta": 0.0, "bc_weighting": "advantage", "n_action_samples": 32},
+        "diffusion",
+    ),
     "td3-bc": ("td3-bc", "gaussian"),
     # In-support critics (dmrl.algos.qc, dmrl.algos.iql): a BC proposal, best-of-N chosen by Q at every decision.
     "qc": ("qc", "diffusion"),
@@ -41,7 +46,7 @@ ALGOS = {  # name -> (algo, policy) merged into the preset (whose algo is diffus
     "fql": ("fql", "diffusion"),
 }
 #: Arms whose critic chooses or shapes the actions (issue 27's `critic_guided`); the others are BC variants.
-CRITIC_GUIDED = {"diffusion-ql", "td3-bc", "qc", "idql", "fql"}
+CRITIC_GUIDED = {"diffusion-ql", "td3-bc", "qc", "idql", "fql", "diffusion-ql-aw-bon"}
 Algo = Literal[tuple(ALGOS)]  # --algos choices
 Reward = Literal[REWARDS]  # --reward choices
 
@@ -137,8 +142,8 @@ def main() -> None:
         for s in args.seeds
         for name in args.algos
     }
+    commit = machine()["git_commit"]  # the code the runs start from (a commit made while they run is not theirs)
     results = run_all(runs, args.parallel)
-    commit = machine()["git_commit"]
     rows = [
         pooled(name, [results[(name, s)] for s in args.seeds]) | {"algo": label[name], "git_commit": commit}
         for name in args.algos
@@ -155,7 +160,7 @@ def main() -> None:
         kept = [r for r in prev["results"] if r["algo"] not in label.values()]
         rows = [r | {"git_commit": r.get("git_commit", prev["meta"].get("git_commit", "?"))} for r in kept] + rows
         order = list(ALGOS)
-        rows.sort(key=lambda r: next((i for i, a in enumerate(order) if r["algo"].startswith(a)), len(order)))
+        rows.sort(key=lambda r: order.index(r["algo"]) if r["algo"] in order else len(order))
     first = next(iter(runs.values()))
     meta = {
         **machine(),
