@@ -119,15 +119,22 @@ def _ci(r: dict, rate_key: str = "success_rate") -> str:
 COMPARE_LABELS = {"gaussian": "MLP (Gaussian)", "vae": "VAE (conditional)", "diffusion": "Diffusion (x0, DDIM-10)"}
 RL_OFFLINE_LABELS = {
     "bc": "BC (diffusion)",
-    "diffusion-ql-aw": "Diffusion-QL, advantage-weighted, eta 0",
+    "diffusion-ql-aw": "Diffusion-QL, advantage-weighted, eta 0 (BC variant)",
+    "diffusion-ql-aw-bon": "advantage-weighted actor, best-of-32 by the critic",
     "diffusion-ql": "Diffusion-QL (Q-gradient term)",
     "td3-bc": "TD3+BC (Gaussian MLP actor)",
+    "qc": "QC (BC proposal, best-of-32, in-support backup)",
+    "idql": "IDQL (IQL critic, best-of-32)",
+    "fql": "FQL (one-step student)",
 }
 FINETUNE_LABELS = {
     "bc": "BC only, 2000 steps",
-    "bc_rl": "BC → online, 3000 updates",
-    "scratch": "online from scratch, 3000 updates",
+    "bc_rl": "BC → online, self-imitation (eta 0)",
+    "scratch": "online from scratch",
+    "qc": "BC → online QC (best-of-32 by the critic)",
 }
+OFFLINE_HEADLINE = ("bc", "diffusion-ql-aw", "qc", "diffusion-ql-aw-bon")
+FINETUNE_HEADLINE = ("bc", "bc_rl", "qc")
 
 
 def headline(res: Results, prefix: str) -> str:
@@ -145,13 +152,13 @@ def headline(res: Results, prefix: str) -> str:
             + [_ci(r), str(r["episodes"]), src]
         )
     src = link(prefix, "rl_offline")
-    for algo in ("bc", "diffusion-ql-aw", "diffusion-ql"):
+    for algo in OFFLINE_HEADLINE:
         r = res.row("rl_offline", "algo", algo)
         rows.append(
             ["offline RL (Grasp, mixed-quality data)", RL_OFFLINE_LABELS[algo], _ci(r), str(r["episodes"]), src]
         )
     src = link(prefix, "rl_finetune")
-    for arm in ("bc", "bc_rl", "scratch"):
+    for arm in FINETUNE_HEADLINE:
         r = res.row("rl_finetune", "arm", arm)
         rate = success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"])
         rows.append(["online fine-tuning (Grasp, 20 weak demos)", FINETUNE_LABELS[arm], rate, str(r["episodes"]), src])
@@ -246,6 +253,7 @@ def rl_offline_table(res: Results, prefix: str) -> str:
     rows = [
         [
             RL_OFFLINE_LABELS.get(r["algo"], r["algo"]),
+            "yes" if r.get("critic_guided") else "no",
             _ci(r),
             r["per_seed"],
             pct(r["collision_rate"], digits(r["episodes"])),
@@ -254,7 +262,7 @@ def rl_offline_table(res: Results, prefix: str) -> str:
         ]
         for r in res.rows("rl_offline")
     ]
-    header = ["algorithm", "success [95% CI]", "per seed", "collisions", "train min / run", "commit"]
+    header = ["algorithm", "critic steers", "success [95% CI]", "per seed", "collisions", "train min / run", "commit"]
     return table(header, rows) + f"\n\nFile: {link(prefix, 'rl_offline')}."
 
 
@@ -269,6 +277,7 @@ def rl_finetune_table(res: Results, prefix: str) -> str:
     rows = [
         [
             FINETUNE_LABELS.get(r["arm"], r["arm"]),
+            "yes" if r.get("critic_guided") else "no",
             success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"]),
             r["per_seed"],
             pct(r["collision_rate"], digits(r["episodes"])),
@@ -277,7 +286,8 @@ def rl_finetune_table(res: Results, prefix: str) -> str:
         ]
         for r in res.rows("rl_finetune")
     ]
-    header = ["arm", "success [95% CI]", "per seed", "collisions", "env steps", "env steps to BC + 10 points"]
+    header = ["arm", "critic steers", "success [95% CI]", "per seed", "collisions", "env steps"]
+    header += ["env steps to BC + 10 points"]
     return table(header, rows) + f"\n\nFile: {link(prefix, 'rl_finetune')}."
 
 
