@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dmrl.policies.base import ChunkPolicy
-from dmrl.policies.observations import build_encoder
+from dmrl.policies.observations import build_encoder, encoder_inputs
 
 
 @dataclass
@@ -108,10 +108,7 @@ class ChunkCritic(nn.Module):
     def features(self, obs: dict) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> (E, B, D), normalised and encoded as the policy does (ChunkPolicy.encode);
         with one shared encoder the E rows are one tensor expanded."""
-        inputs = {k: obs[k] for k in self.chunk.obs_keys if k in obs}
-        for k in self.vector_keys:
-            if k in inputs:
-                inputs[k] = self.normalizer.normalize(k, inputs[k].float())
+        inputs = encoder_inputs(obs, self.chunk.obs_keys, self.vector_keys, self.normalizer)
 
         def encode(encoder: nn.Module) -> Tensor:
             out = encoder(inputs)

@@ -37,7 +37,7 @@ from dmrl.algos.critic import (
 )
 from dmrl.policies.base import ActionQueue, ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
-from dmrl.policies.observations import build_encoder
+from dmrl.policies.observations import build_encoder, encoder_inputs
 
 
 @dataclass
@@ -93,11 +93,7 @@ class OneStepPolicy(nn.Module):
 
     def condition(self, obs: dict) -> tuple[Tensor, None]:
         """Raw obs -> (features (B, D), None), normalised and encoded as the teacher does."""
-        inputs = {k: obs[k] for k in self.chunk.obs_keys if k in obs}
-        for k in self.vector_keys:
-            if k in inputs:
-                inputs[k] = self.normalizer.normalize(k, inputs[k].float())
-        out = self.encoder(inputs)
+        out = self.encoder(encoder_inputs(obs, self.chunk.obs_keys, self.vector_keys, self.normalizer))
         return (out if isinstance(out, Tensor) else out.pooled), None
 
     def sample_chunk(

@@ -29,6 +29,7 @@ from dmrl.policies.observations import (
     build_encoder,
     check_obs_keys,
     checked_obs_dims,
+    encoder_inputs,
     encoder_name,
     roll_history,
     select,
@@ -204,10 +205,7 @@ class ChunkPolicy(nn.Module):
         The lowdim encoder gives K = 1 (its vector as the single token) and needs every key. The multimodal encoder
         masks a key absent from ``obs`` (a dropped modality) instead of reading it as zeros.
         """
-        inputs = {k: obs[k] for k in self.chunk.obs_keys if k in obs}
-        for k in self.vector_keys:
-            if k in inputs:
-                inputs[k] = self.normalizer.normalize(k, inputs[k].float())  # type: ignore[union-attr]
+        inputs = encoder_inputs(obs, self.chunk.obs_keys, self.vector_keys, self.normalizer)
         if isinstance(self.encoder, LowDimEncoder):
             cond = self.encoder(inputs)
             return EncoderOutput(cond[:, None], cond.new_ones(cond.shape[0], 1, dtype=torch.bool), cond, {})

@@ -151,6 +151,18 @@ def build_encoder(
     return MultimodalEncoder(enc, geometry, text_encoder)
 
 
+def encoder_inputs(
+    obs: Mapping[str, Tensor | list[str]], obs_keys: Sequence[str], vector_keys: Sequence[str], normalizer: nn.Module
+) -> dict[str, Tensor | list[str]]:
+    """Raw obs {key: (B, To, ...)} -> what an observation encoder reads: the keys of ``obs_keys`` present in ``obs``
+    (the multimodal encoder masks an absent one), the low-dim ``vector_keys`` normalised by ``normalizer``."""
+    inputs = {k: obs[k] for k in obs_keys if k in obs}
+    for k in vector_keys:
+        if k in inputs:
+            inputs[k] = normalizer.normalize(k, inputs[k].float())  # type: ignore[union-attr, operator]
+    return inputs
+
+
 def is_single(key: str, value: object) -> bool:
     """Whether one env's observation ``value`` of ``key`` comes without the batch dim (B,)."""
     if key in TEXT_KEYS:
