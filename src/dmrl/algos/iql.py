@@ -6,36 +6,26 @@ behaviour-cloned diffusion proposal's samples are chosen by Q at act time (best-
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from dmrl.algos.common import Stepper
-from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, td_regression
-from dmrl.algos.qc import BCProposalCritic, check_proposal_config, per_member_critic
+from dmrl.algos.critic import ChunkCritic, chunk_td_target, td_regression
+from dmrl.algos.qc import BCProposalCritic, ProposalConfig
 from dmrl.policies.diffusion import DiffusionPolicy
 
 
 @dataclass
-class IDQLConfig:
+class IDQLConfig(ProposalConfig):
     """IDQL: IQL critic and value fitted on data chunks only, best-of-N acting over the BC proposal's samples."""
 
-    n_action_samples: int = 32
-    """Best-of-N at act time: chunks the proposal samples per decision."""
     expectile: float = 0.7
     """IQL's tau: V(s) is this expectile of Q(s, a_data) (0.5: the mean, toward 1: the max)."""
-    actor_lr: float = 3e-4
-    """Adam learning rate of the BC proposal."""
-    critic_lr: float = 3e-4
-    """Adam learning rate of critic and value."""
-    actor_tau: float = 0.005
-    """Polyak rate of the EMA proposal (exported)."""
-    critic: CriticConfig = field(default_factory=per_member_critic)
 
     def __post_init__(self) -> None:
-        check_proposal_config(self, "idql")
+        super().__post_init__()
         if not 0.5 <= self.expectile < 1.0:
             raise ValueError(f"--algo.expectile: got {self.expectile}; allowed [0.5, 1)")
 
@@ -69,10 +59,3 @@ class IDQL(BCProposalCritic):
         q_loss, td_error = td_regression(q, y, batch.get("weights"))
         return {"loss": q_loss + v_loss, "q": q.mean().detach(), "v": v.mean().detach(), "target": y.mean(),
                 "v_loss": v_loss.detach(), "td_error": td_error}  # fmt: skip
-
-    def update(self, batch: dict) -> dict[str, Any]:
-        """One step: V and Q on dataset chunks only, then BC for the proposal, then the targets."""
-        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
-        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()
-        logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
-        return self.step_actor_and_targets(batch, logs)

@@ -29,33 +29,38 @@ def per_member_critic() -> CriticConfig:
 
 
 @dataclass
-class QCConfig:
-    """Q-chunking: best-of-N acting and an in-support max backup over N samples of the BC proposal."""
+class ProposalConfig:
+    """What QC and IDQL configure alike: best-of-N acting, learning rates, EMA, critic."""
 
     n_action_samples: int = 32
     """Best-of-N at act time: chunks the proposal samples per decision."""
-    backup_samples: int = 8
-    """N of the TD target's max over proposal samples at s'."""
     actor_lr: float = 3e-4
     """Adam learning rate of the BC proposal."""
     critic_lr: float = 3e-4
-    """Adam learning rate of the critic."""
+    """Adam learning rate of the critic (and IDQL's value)."""
     actor_tau: float = 0.005
-    """Polyak rate of the EMA proposal (exported, and sampled by the backup)."""
+    """Polyak rate of the EMA proposal (exported; QC's backup samples it)."""
     critic: CriticConfig = field(default_factory=per_member_critic)
 
     def __post_init__(self) -> None:
-        check_proposal_config(self, "qc")
+        if self.n_action_samples < 1 or self.actor_lr <= 0 or self.critic_lr <= 0 or not 0.0 < self.actor_tau <= 1.0:
+            raise ValueError(
+                f"--algo: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0, actor_tau in (0, 1]; got "
+                f"{self.n_action_samples}, {self.actor_lr}, {self.critic_lr}, {self.actor_tau}"
+            )
+
+
+@dataclass
+class QCConfig(ProposalConfig):
+    """Q-chunking: best-of-N acting and an in-support max backup over N samples of the BC proposal."""
+
+    backup_samples: int = 8
+    """N of the TD target's max over proposal samples at s'."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.backup_samples < 1:
             raise ValueError(f"--algo.backup-samples: got {self.backup_samples}; need >= 1")
-
-
-def check_proposal_config(c: Any, name: str) -> None:
-    if c.n_action_samples < 1 or c.actor_lr <= 0 or c.critic_lr <= 0 or not 0.0 < c.actor_tau <= 1.0:
-        raise ValueError(
-            f"{name}: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0, actor_tau in (0, 1]; got "
-            f"{c.n_action_samples}, {c.actor_lr}, {c.critic_lr}, {c.actor_tau}"
-        )
 
 
 class BCProposalCritic(nn.Module):
@@ -68,7 +73,7 @@ class BCProposalCritic(nn.Module):
         self,
         actor: DiffusionPolicy,
         critic: ChunkCritic,
-        config: Any,
+        config: ProposalConfig,
         engine: Stepper,
         value: ChunkCritic | None = None,
     ):
@@ -91,7 +96,9 @@ class BCProposalCritic(nn.Module):
         return [p for m in nets for p in m.parameters() if p.requires_grad]
 
     @classmethod
-    def build(cls, policy: DiffusionPolicy, config: Any, engine: Stepper, total_steps: int) -> BCProposalCritic:
+    def build(
+        cls, policy: DiffusionPolicy, config: ProposalConfig, engine: Stepper, total_steps: int
+    ) -> BCProposalCritic:
         """The algorithm for a freshly built proposal: a new critic shaped like it, both on the engine's device."""
         policy.to(engine.device)
         return cls(policy, ChunkCritic(policy, config.critic).to(engine.device), config, engine)
@@ -124,8 +131,16 @@ class BCProposalCritic(nn.Module):
             return {"loss": batch["action"].new_zeros((), requires_grad=True)}
         return {"loss": self.actor.loss(bc)["loss"]}
 
-    def step_actor_and_targets(self, batch: dict, logs: dict) -> dict[str, Any]:
-        """BC step of the proposal, then the Polyak targets; -> logs with the actor's loss and grad norms."""
+    def critic_loss(self, batch: dict) -> dict[str, Tensor]:
+        """{"loss", ..., "td_error" (B,)}: each method's critic regression."""
+        raise NotImplementedError
+
+    def update(self, batch: dict) -> dict[str, Any]:
+        """One step: the critic (QC: on the in-support max backup; IDQL: V and Q on dataset chunks), then BC for
+        the proposal, then the Polyak targets. Returns losses (tensors) and td_error (B,) numpy."""
+        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
+        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()  # (B,): PER priorities
+        logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
         logs |= {f"actor_{k}": v for k, v in self.engine.backward(self.bc_loss, batch).items()}
         logs["actor_grad_norm"] = self.engine.step(self.actor_opt)["grad_norm"]
         polyak_update(self.critic_target, self.critic, self.critic.config.tau)
@@ -154,10 +169,3 @@ class QC(BCProposalCritic):
         q = self.data_q(batch)  # (E, B)
         loss, td_error = td_regression(q, y, batch.get("weights"))
         return {"loss": loss, "q": q.mean().detach(), "target": y.mean(), "td_error": td_error}
-
-    def update(self, batch: dict) -> dict[str, Any]:
-        """One step: critic on the in-support max backup, then BC for the proposal, then the targets."""
-        logs = {f"critic_{k}": v for k, v in self.engine.backward(self.critic_loss, batch).items()}
-        logs["td_error"] = logs.pop("critic_td_error").float().cpu().numpy()  # (B,): PER priorities
-        logs["critic_grad_norm"] = self.engine.step(self.critic_opt)["grad_norm"]
-        return self.step_actor_and_targets(batch, logs)
