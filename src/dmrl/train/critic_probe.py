@@ -27,6 +27,7 @@ import torch
 from dmrl.algos.critic import ChunkCritic
 from dmrl.envs.experts import SIDE_X, ScriptedExpert
 from dmrl.envs.multipath import MultiPathEnv
+from dmrl.policies.observations import roll_history
 
 NEAR_Y, NEAR_X = 0.3, 0.25  # m: branch states lie within this band around the obstacle
 
@@ -171,13 +172,6 @@ def probe_metrics(states: list[BranchState]) -> dict:
     }
 
 
-def _window(hist: dict[str, np.ndarray] | None, obs: dict, keys: tuple[str, ...], to: int) -> dict[str, np.ndarray]:
-    """Roll the To-frame history {key: (To, dim)} by one env observation (first frame repeated at the start)."""
-    if hist is None:
-        return {k: np.repeat(np.asarray(obs[k], np.float32)[None], to, 0) for k in keys}
-    return {k: np.concatenate([hist[k][1:], np.asarray(obs[k], np.float32)[None]]) for k in keys}
-
-
 @torch.no_grad()
 def collect_states(
     env_fn, policy, n_states: int, seed: int, gamma: float, every: int = 4, policy_samples: int = 8
@@ -199,20 +193,21 @@ def collect_states(
         policy.reset()
         hist = None
         for t in range(env.cfg.max_steps):
-            hist = _window(hist, obs, keys, to)
+            step = {k: torch.as_tensor(np.asarray(obs[k], np.float32))[None] for k in keys}  # (1, dim)
+            hist = roll_history(hist, step, torch.zeros(1, dtype=torch.bool), to)  # {key: (1, To, dim)}
             if t % every == 0 and is_branch(env) and len(states) < n_states:
                 cont = driver
                 if source == "policy":  # the expert continues from where the policy brought the arm
                     cont = ScriptedExpert(env)
                     cont.take_over()
                 cands = candidate_chunks(env, cont, ta)
-                batch = {k: torch.as_tensor(v)[None].expand(policy_samples, *v.shape) for k, v in hist.items()}
+                batch = {k: v.expand(policy_samples, *v.shape[1:]) for k, v in hist.items()}
                 chunks = policy.predict_chunk(batch)[:, to - 1 : to - 1 + ta].cpu().numpy()  # (M, Ta, Da) raw
                 cands += [Candidate("policy", c.astype(np.float32)) for c in chunks]
                 for c in cands:
                     c.ret, c.collided = mc_return(env, cont, c.actions, gamma)
                 carrying = env.task_state().attached >= 0
-                states.append(BranchState(source, {k: v.copy() for k, v in hist.items()}, carrying, cands))
+                states.append(BranchState(source, {k: v[0].numpy().copy() for k, v in hist.items()}, carrying, cands))
             action = driver.act() if source == "expert" else policy.act(obs)
             obs, _, terminated, truncated, _ = env.step(action)
             if terminated or truncated:
