@@ -249,3 +249,5 @@ def test_offline_share_draws_that_share_of_every_batch_from_the_dataset(tmp_path
         assert len(weights) == 8 and n_replay == 4 and torch.all(weights[:4] == 1.0)
     with pytest.raises(ValueError, match="offline-share keeps the dataset in its own ring"):
         _cfg(dataset, tmp_path / "x", source={**online, "prefill_from_dataset": True})
+    with pytest.raises(ValueError, match="offline-share 0.95 leaves no replay item in a batch of 8"):
+        _cfg(dataset, tmp_path / "x", source={**online, "offline_share": 0.95})

@@ -102,6 +102,10 @@ class OnlineConfig:
     """BC term's data: replay or successes (self-imitation)."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
 
+    def offline_items(self, batch_size: int) -> int:
+        """How many of a batch's ``batch_size`` items come from the dataset (offline_share of them, rounded)."""
+        return int(round(batch_size * self.offline_share))
+
     def __post_init__(self) -> None:
         if self.bc_data not in BC_DATA:
             raise ValueError(f"--source.bc-data: got {self.bc_data!r}; allowed: {', '.join(BC_DATA)}")
@@ -208,6 +212,11 @@ class TrainConfig(Generic[P, A, S, C]):
             )
         if self.online and self.source.bc_data != "replay" and getattr(self.algo, "bc_weighting", "none") != "none":
             raise ValueError("--algo.bc-weighting advantage weights the replay batch: use --source.bc-data replay")
+        if self.online and self.source.offline_items(self.batch_size) >= self.batch_size:
+            raise ValueError(
+                f"--source.offline-share {self.source.offline_share} leaves no replay item in a batch of "
+                f"{self.batch_size}; lower it or raise --batch-size"
+            )
         if self.online and self.batch_size % self.engine.accumulate:
             raise ValueError(
                 f"--batch-size {self.batch_size} must be divisible by --engine.accumulate {self.engine.accumulate}"

@@ -298,16 +298,16 @@ class OnlineSource:
             time.sleep(0.05)
             return None
         progress = step / self.cfg.steps
-        n_off = int(round(self.cfg.batch_size * self.oc.offline_share)) if self.demos is not None else 0
+        n_off = self.oc.offline_items(self.cfg.batch_size) if self.demos is not None else 0
         self.idx, flat, weights = self.buf.sample(self.cfg.batch_size - n_off, self.rng, progress=min(1.0, progress))
-        flat, weights = self._with_demos(flat, weights, n_off)
+        flat, weights = self._with_demos(flat, n_off), np.concatenate([np.ones(n_off, np.float32), weights])
         batch = self.engine.to_device({**_tensors(nest(flat)), "weights": torch.from_numpy(weights)})
         batch["progress"] = progress
         if self.oc.replay.prioritized:
             # The actor learns from a uniform draw: PER's high-|TD| items are what the critic needs, not a
             # distribution the actor should fit or maximise Q over (actor-critic methods need uniform samples).
             uniform = self.buf.gather(self.rng.integers(0, len(self.buf), self.cfg.batch_size - n_off))
-            uniform, _ = self._with_demos(uniform, np.ones(0, np.float32), n_off)
+            uniform = self._with_demos(uniform, n_off)
             batch["actor"] = self.engine.to_device({**_tensors(nest(uniform)), "progress": progress})
         if self.good is not None:  # the BC term's own batch of successful episodes (None until the first)
             self.good.sync()
@@ -315,13 +315,12 @@ class OnlineSource:
             batch["bc"] = self.engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
         return batch
 
-    def _with_demos(self, flat: dict, weights: np.ndarray, n: int) -> tuple[dict, np.ndarray]:
-        """``n`` uniform dataset items put in front of a replay draw (weight 1: they are not prioritized)."""
+    def _with_demos(self, flat: dict, n: int) -> dict:
+        """``n`` uniform dataset items put in front of a replay draw (their PER weight is 1: not prioritized)."""
         if n == 0:
-            return flat, weights
+            return flat
         demo = self.demos.gather(self.rng.integers(0, len(self.demos), n))
-        both = {k: np.concatenate([demo[k], flat[k]]) for k in flat}
-        return both, np.concatenate([np.ones(n, np.float32), weights])
+        return {k: np.concatenate([demo[k], flat[k]]) for k in flat}
 
     def after_update(self, step: int, logs: dict, algo: Any) -> None:
         """New priorities (|TD| per sampled slot), the acting policy (the actor, with its critic when it ranks
