@@ -326,10 +326,15 @@ class OnlineSource:
         """New priorities (|TD| per sampled slot), the acting policy (the actor, with its critic when it ranks
         best-of-N) published to collectors and evaluator."""
         self.buf.update_priorities(self.idx, logs["td_error"][len(logs["td_error"]) - len(self.idx) :])
-        if step % self.oc.publish_every == 0:
-            self.board.publish(_cpu_copy(algo.evaluation_policy()))
-        if self.evaluator is not None and step % self.oc.eval_every == 0:
-            self.evaluator.inbox.put((step, flat_weights(_cpu_copy(algo.evaluation_policy()))))
+        publish = step % self.oc.publish_every == 0
+        snapshot = self.evaluator is not None and step % self.oc.eval_every == 0
+        if not (publish or snapshot):
+            return
+        acting = _cpu_copy(algo.evaluation_policy())  # one copy serves collectors and evaluator
+        if publish:
+            self.board.publish(acting)
+        if snapshot:
+            self.evaluator.inbox.put((step, flat_weights(acting)))
             self.snapshot_env_steps[step] = self.env_steps.value
 
     def rates(self, steps: int, seconds: float) -> dict[str, float]:
