@@ -39,15 +39,16 @@ def make_mixed(path: Path, workers: int = 2, reward: str = REWARD) -> Path:
     """Collect the `mixed` state dataset at ``path`` with ``reward`` unless a complete one is there; -> path."""
     from dmrl.data import EpisodeStore
     from dmrl.data.collect import CollectConfig, collect
+    from dmrl.train.offline import env_kwargs_from_store
 
     want = sum(p[1] for p in MIXED_PARTS)
     if path.exists():
         store = EpisodeStore.open(path)
-        if store.n_episodes == want and store.attrs.get("collect", {}).get("reward", "shaped_v1") == reward:
+        has = env_kwargs_from_store(store).get("reward")  # what training reads the store's reward as
+        if store.n_episodes == want and has == reward:
             return path
         raise ValueError(
-            f"{path}: holds {store.n_episodes} episodes with reward "
-            f"{store.attrs.get('collect', {}).get('reward', 'shaped_v1')!r}, not the {want} of `mixed` with reward "
+            f"{path}: holds {store.n_episodes} episodes with reward {has!r}, not the {want} of `mixed` with reward "
             f"{reward!r}; delete it and rerun"
         )
     for i, (name, n, seed, noise, subopt) in enumerate(MIXED_PARTS):
