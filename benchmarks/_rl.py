@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The reward the RL benchmarks collect with: the env's default (potential-based shaping, docs/tasks.md). Results
 #: made before the reward fix of issue 27 used "shaped_v1"; pass --reward shaped_v1 to reproduce them.
 REWARD = "shaped"
+#: The reward before that fix: the runs and stores made with it (mixed.zarr, weak.zarr) keep their old names.
+REWARD_V1 = "shaped_v1"
 
 # (name, episodes, first seed, noise_std, suboptimal): the three parts of `mixed`; seeds never overlap the
 # evaluation seeds (100000..) or the selection seeds (200000..).
@@ -32,7 +34,7 @@ MIXED_PARTS = (
 
 def mixed_path(reward: str) -> Path:
     """Where the RL benchmarks keep `mixed` collected with ``reward`` (one store per reward)."""
-    return ROOT / "outputs" / "rl" / ("mixed.zarr" if reward == "shaped_v1" else f"mixed_{reward}.zarr")
+    return ROOT / "outputs" / "rl" / ("mixed.zarr" if reward == REWARD_V1 else f"mixed_{reward}.zarr")
 
 
 def make_mixed(path: Path, workers: int = 2, reward: str = REWARD) -> Path:

@@ -24,7 +24,7 @@ from typing import Literal
 import numpy as np
 
 from _common import machine, parse_args, write_results
-from _rl import REWARD, ROOT, finished, load_run, template, train_one
+from _rl import REWARD, REWARD_V1, ROOT, finished, load_run, template, train_one
 from dmrl.policies.checkpoint import load_policy
 from dmrl.train.evaluate import evaluate
 from dmrl.train.metrics import wilson_interval
@@ -162,7 +162,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the collector and the evaluator take the other core
     t0 = time.perf_counter()
     scratch_eta = args.eta if args.scratch_eta is None else args.scratch_eta
-    data = make_weak(args.out / ("weak.zarr" if REWARD == "shaped_v1" else f"weak_{REWARD}.zarr"), args.demos)
+    data = make_weak(args.out / ("weak.zarr" if REWARD == REWARD_V1 else f"weak_{REWARD}.zarr"), args.demos)
     results: dict[str, list[dict]] = {a: [] for a in args.arms}
     curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
     for seed in args.seeds:
