@@ -38,6 +38,9 @@ TRAIN_VARIANTS: list[tuple[str, list[str], str]] = [
     ("vae", ["--policy.type", "vae"], "--policy."),
     ("diffusion-ql", ["--algo.type", "diffusion-ql"], "--algo."),
     ("td3-bc", ["--algo.type", "td3-bc", "--policy.type", "gaussian"], "--algo."),
+    ("qc", ["--algo.type", "qc"], "--algo."),
+    ("idql", ["--algo.type", "idql"], "--algo."),
+    ("fql", ["--algo.type", "fql"], "--algo."),
     ("online", ["--source.type", "online", "--algo.type", "diffusion-ql"], "--source."),
 ]
 
