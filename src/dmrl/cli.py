@@ -55,6 +55,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.data.collect import CollectConfig
     from dmrl.eval_command import EvalConfig, run_eval
     from dmrl.export.cli import ExportConfig, run_export
+    from dmrl.serve.cli import ServeConfig, run_serve
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.config import TrainConfig
 
@@ -69,6 +70,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
         "export": (ExportConfig, run_export, "a diffusion checkpoint's chunk planner as a checked ONNX graph"),
+        "serve": (ServeConfig, run_serve, "serve a checkpoint's reset / act to robots over a WebSocket (msgpack)"),
         "demo": (DemoConfig, run_demo, "the main job on its embedded default (make demo)"),
     }
 
