@@ -31,7 +31,8 @@ class PolicyClient:
         from websockets.sync.client import connect
 
         self.timeout = timeout
-        self.conn = connect(url, compression=None, open_timeout=timeout, max_size=None)
+        # Entered here: PolicyClient is the context manager (websockets 17 warns about a connection never entered).
+        self.conn = connect(url, compression=None, open_timeout=timeout, max_size=None).__enter__()
         self.info: dict[str, Any] = self.request({"cmd": "info"})
         """The server's policy: obs_keys, obs_spec {key: {dtype, shape}}, action_dim, To / Tp / Ta, planner."""
 
@@ -53,10 +54,10 @@ class PolicyClient:
 
     def act(self, obs: Mapping[str, object]) -> np.ndarray:
         """One unbatched step {key: array (rgb uint8 (3V, H, W), depth (V, H, W), vectors (dim,)) or str} ->
-        action (Da,) float32. float64 arrays are sent as float32; other dtypes go as they are (the server checks)."""
+        action (Da,) float32. float64 arrays are sent as float32; other values go as they are (the server checks)."""
         wire: dict[str, object] = {}
         for k, v in obs.items():
-            if isinstance(v, str):
+            if isinstance(v, (str, int, float, bool)) or v is None:  # instruction str; anything else: the server says
                 wire[k] = v
                 continue
             a = np.asarray(v)
