@@ -53,20 +53,24 @@ def _run_train(cfg) -> None:
 
 def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.data.collect import CollectConfig
+    from dmrl.data.importers.cli import DataCommand, run_data
     from dmrl.eval_command import EvalConfig, run_eval
     from dmrl.export.cli import ExportConfig, run_export
     from dmrl.serve.cli import ServeConfig, run_serve
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.config import TrainConfig
+    from dmrl.train.distill import DistillCommandConfig, run_distill
 
     return {
         "collect": (CollectConfig, _run_collect, "roll out the scripted expert into an episode store"),
         "info": (InfoConfig, _run_info, "summarise an episode store"),
+        "data": (DataCommand, run_data, "import LeRobot v3 / robomimic HDF5 to a store; export a store as LeRobot v3"),
         "train": (
             TrainConfig,
             _run_train,
             "train a policy: behaviour cloning, offline or online RL (--policy.type, --algo.type, --source.type)",
         ),
+        "distill": (DistillCommandConfig, run_distill, "a one- or two-step student of a diffusion checkpoint"),
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
         "export": (ExportConfig, run_export, "a diffusion checkpoint's chunk planner as a checked ONNX graph"),
