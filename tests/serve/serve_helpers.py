@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -22,3 +24,11 @@ def direct_actions(policy, episodes: list[tuple[int, list[dict]]]) -> list[np.nd
         policy.reset()
         out.append(np.stack([policy.act(o) for o in steps]))
     return out
+
+
+def wait_sessions(server, n: int) -> None:
+    """Wait (up to 5 s) until the server holds ``n`` sessions: a closed client's handler ends just after it."""
+    deadline = time.monotonic() + 5
+    while len(server.sessions) != n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(server.sessions) == n

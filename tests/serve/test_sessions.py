@@ -4,12 +4,11 @@ noise, across interleaved episodes, disconnects and modalities."""
 from __future__ import annotations
 
 import socket
-import time
 
 import numpy as np
 import pytest
 import torch
-from serve_helpers import direct_actions, state_obs
+from serve_helpers import direct_actions, state_obs, wait_sessions
 
 from dmrl.policies.checkpoint import load_policy
 from dmrl.serve.client import PolicyClient, ServerError
@@ -59,13 +58,6 @@ def test_reset_without_seed_draws_one_and_reports_it(server):
         assert reply["planned"] and reply["step"] == 1
 
 
-def _wait_sessions(server, n: int) -> None:
-    deadline = time.monotonic() + 5
-    while len(server.sessions) != n and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(server.sessions) == n
-
-
 @pytest.mark.parametrize("how", ["tcp-reset", "mid-request"])
 def test_client_that_disconnects_mid_episode_leaves_the_others_served(server, state_checkpoint, how):
     steps = state_obs(5, 9)
@@ -75,7 +67,7 @@ def test_client_that_disconnects_mid_episode_leaves_the_others_served(server, st
     gone = PolicyClient(server.url)
     gone.reset(seed=4)
     gone.act(steps[0])
-    _wait_sessions(server, 2)
+    wait_sessions(server, 2)
     if how == "mid-request":  # a request on its way, then the socket dies before the reply can be sent
         from dmrl.serve.protocol import pack
 
@@ -83,7 +75,7 @@ def test_client_that_disconnects_mid_episode_leaves_the_others_served(server, st
     # No close handshake: the TCP connection is torn down as a crashed robot process would leave it.
     gone.conn.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
     gone.conn.socket.close()
-    _wait_sessions(server, 1)
+    wait_sessions(server, 1)
     got += [keep.act(o) for o in steps[3:]]
     keep.close()
     want = direct_actions(load_policy(state_checkpoint)[0], [(3, steps)])[0]
@@ -99,7 +91,7 @@ def test_a_client_over_the_limit_is_closed_with_try_again_later(server):
     assert e.value.rcvd is not None and e.value.rcvd.code == 1013
     for c in clients:
         c.close()
-    _wait_sessions(server, 0)
+    wait_sessions(server, 0)
     with PolicyClient(server.url) as c:  # room again
         assert c.reset(seed=1) == 1
 
