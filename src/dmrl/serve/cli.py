@@ -84,19 +84,20 @@ def run_serve(cfg: ServeConfig) -> None:
     from dmrl.serve.server import PolicyServer
 
     host = load_host(cfg)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     server = PolicyServer(host, cfg.host, cfg.port, cfg.max_clients, cfg.max_message_mb)
     try:
         server.start()
     except OSError as e:
         raise ValueError(f"--host {cfg.host} --port {cfg.port}: cannot listen ({e.strerror or e})") from None
-    ready = {"url": server.url, "protocol": PROTOCOL, **host.info()}
-    print(json.dumps(ready), flush=True)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        print(json.dumps({"url": server.url, "protocol": PROTOCOL, **host.info()}), flush=True)
+        log.info("serving %s on %s (SIGINT / SIGTERM to stop)", host.policy.name, server.url)
         while not stop.wait(0.5):
             pass
-    finally:
         log.info("shutting down: closing %d connection(s)", len(server.sessions))
+    finally:
         server.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -50,6 +50,8 @@ class PolicyHost:
     """
 
     def __init__(self, policy: ChunkPolicy, onnx: Any | None = None) -> None:
+        if onnx is not None and not isinstance(getattr(onnx, "rng", None), np.random.Generator):
+            raise TypeError("PolicyHost: the onnx planner has no numpy Generator `rng`; per-client noise needs one")
         self.policy = policy.eval()
         self.onnx = onnx
         self.spec = obs_spec(policy)

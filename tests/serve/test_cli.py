@@ -1,0 +1,127 @@
+"""``dmrl serve`` as a robot stack runs it: a process, a ready line, torch or onnxruntime planning, SIGTERM / SIGINT
+shutdown that closes every client with 1001; bad flags exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from serve_helpers import direct_actions, state_obs
+
+from dmrl.cli import main
+from dmrl.policies.checkpoint import load_policy
+from dmrl.serve.client import PolicyClient
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _start(*flags: str) -> tuple[subprocess.Popen, dict]:
+    env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dmrl", "serve", "--port", "0", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    if not ready:
+        proc.kill()
+        raise AssertionError("dmrl serve printed no ready line in 60 s")
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise AssertionError(f"dmrl serve exited {proc.returncode}: {proc.stderr.read()}")
+    return proc, json.loads(line)
+
+
+def _stop(proc: subprocess.Popen, client: PolicyClient, sig: int) -> str:
+    from websockets.exceptions import ConnectionClosed
+
+    proc.send_signal(sig)
+    with pytest.raises(ConnectionClosed) as e:
+        client.conn.recv(timeout=10)
+    assert e.value.rcvd is not None and e.value.rcvd.code == 1001  # going away
+    assert proc.wait(10) == 0
+    return proc.stderr.read()
+
+
+def test_serve_process_acts_like_the_policy_and_stops_on_sigterm(state_checkpoint):
+    proc, ready = _start("--checkpoint", str(state_checkpoint))
+    try:
+        assert ready["planner"] == "torch" and ready["obs_keys"] == ["state"] and ready["url"].startswith("ws://")
+        steps = state_obs(4, 6)
+        client = PolicyClient(ready["url"])
+        client.reset(seed=5)
+        got = np.stack([client.act(o) for o in steps])
+        client.act(steps[0])  # mid-episode when the signal comes
+        log = _stop(proc, client, signal.SIGTERM)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert "client 1 connected" in log and "shutting down: closing 1 connection(s)" in log
+    torch.set_num_threads(1)
+    np.testing.assert_array_equal(got, direct_actions(load_policy(state_checkpoint)[0], [(5, steps)])[0])
+
+
+def test_serve_onnx_planner_per_client_noise_and_sigint(state_checkpoint, tmp_path):
+    from dmrl.export import OnnxPlanner, export_onnx
+
+    pytest.importorskip("onnxruntime")
+    policy = load_policy(state_checkpoint)[0]
+    graph = tmp_path / "policy.onnx"
+    export_onnx(policy, graph)
+    proc, ready = _start("--checkpoint", str(state_checkpoint), "--onnx", str(graph))
+    episodes = {"a": (3, state_obs(6, 9)), "b": (8, state_obs(7, 9))}
+    try:
+        assert ready["planner"] == "onnxruntime"
+        clients = {k: PolicyClient(ready["url"]) for k in episodes}
+        for k, (seed, _) in episodes.items():
+            clients[k].reset(seed=seed)
+        got = {k: [] for k in episodes}
+        for t in range(9):  # interleaved: each client's noise is its own generator's
+            for k, (_, steps) in episodes.items():
+                got[k].append(clients[k].act(steps[t]))
+        _stop(proc, clients["a"], signal.SIGINT)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    for k, (seed, steps) in episodes.items():
+        policy.set_planner(OnnxPlanner(graph, seed=seed))
+        policy.reset()
+        want = np.stack([policy.act(o) for o in steps])
+        np.testing.assert_array_equal(np.stack(got[k]), want)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--checkpoint", "no/such/dir"], "checkpoint no/such/dir: missing config.json"),
+        (["--port", "70000"], "--port: got 70000; allowed 0 .. 65535"),
+        (["--onnx", "x.onnx", "--inference-steps", "2"], "--inference-steps applies to the torch planner"),
+        (["--onnx", "missing.onnx"], "onnx model missing.onnx: no such file"),
+        (["--max-clients", "0"], "--max-clients and --cpu-threads must be >= 1"),
+        (["--action-steps", "9"], "--action-steps: got 9; allowed 1 .. 7"),
+        (["--port", "BUSY"], "cannot listen"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(state_checkpoint, capsys, flags, expected):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        flags = [str(busy.getsockname()[1]) if f == "BUSY" else f for f in flags]
+        if "--checkpoint" not in flags:
+            flags = ["--checkpoint", str(state_checkpoint), *flags]
+        assert main(["serve", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored or never touched
