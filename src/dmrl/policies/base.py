@@ -129,7 +129,7 @@ class ChunkPolicy(nn.Module):
     Batches (from :class:`dmrl.data.SequenceDataset`): ``obs`` {key: (B, To, ...)} raw (rgb uint8 (B, To, 3V, H, W),
     depth (B, To, V, H, W) metres, vectors (B, To, dim), instruction a list of B str), ``action`` (B, Tp, Da),
     ``action_mask`` (B, Tp) bool. ``act`` takes one env step of observations, {key: (B, ...)} or unbatched, and
-    returns (B, Da) or (Da,) actions in the env's units, clipped to [-1, 1].
+    returns (B, Da) or (Da,) actions in the env's units, clipped to ``action_bounds()``.
 
     obs_dims: {vector key: length, frame key: (C, H, W)} (see policies.observations); text_encoder: a prebuilt
     LanguageEncoder(chunk.encoder.language) to use instead of building one (it is slow to load; tests share one).
@@ -251,7 +251,16 @@ class ChunkPolicy(nn.Module):
     def predict_chunk(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
         chunk = self.sample_chunk(*self.condition(obs))
-        return self.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
+        low, high = self.action_bounds()
+        return self.normalizer.unnormalize("actions", chunk).clamp(low, high)
+
+    def action_bounds(self) -> tuple[Tensor, Tensor]:
+        """(Da,) low and high of raw actions: [-1, 1] (dmrl's envs), widened per dim to the range the action normaliser
+        maps onto [-1, 1] (the training data's min / max, in the checkpoint's buffers), so that actions recorded in a
+        robot's own units (dmrl data import) are not cut at 1."""
+        ones = self.normalizer.actions_scale.new_ones(self.action_dim)
+        a, b = self.normalizer.unnormalize("actions", -ones), self.normalizer.unnormalize("actions", ones)
+        return torch.minimum(torch.minimum(a, b), -ones), torch.maximum(torch.maximum(a, b), ones)
 
     # ------------------------------------------------------------------ acting side
     def reset(self, mask: np.ndarray | None = None) -> None:
