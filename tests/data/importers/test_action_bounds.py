@@ -9,8 +9,8 @@ import torch
 
 from dmrl.data import Normalizer
 from dmrl.policies import POLICIES, build_policy
-from dmrl.policies.checkpoint import load_policy, save_policy
 from dmrl.policies.base import ChunkConfig
+from dmrl.policies.checkpoint import load_policy, save_policy
 
 
 def _policy(low: np.ndarray, high: np.ndarray, name: str = "gaussian"):
