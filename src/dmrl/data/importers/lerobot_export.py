@@ -79,7 +79,7 @@ def export_lerobot(
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Write ``store`` to ``out`` as LeRobotDataset v3; returns the info.json dict."""
-    pa, pq = _arrow()
+    _arrow()  # a missing pyarrow fails before anything is created
     fps = fps or store.attrs.get("import", {}).get("fps")
     if not fps:
         raise ValueError(f"dmrl store {store.path} records no fps (it was not imported); pass --fps")
@@ -89,10 +89,26 @@ def export_lerobot(
     _check_out(out, overwrite)
     if "depth" in store.obs_spec:
         log.info("export: depth is not written (LeRobot keeps camera videos as rgb)")
-    cams, vectors = target_keys(store)
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)  # a crashed earlier export's leftovers
     tmp.mkdir(parents=True)
+    try:
+        info = _write(store, tmp, fps, vcodec, crf, g, pix_fmt, robot_type)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written is left behind (out itself is untouched)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return info
+
+
+def _write(
+    store: EpisodeStore, tmp: Path, fps: float, vcodec: str, crf: int, g: int, pix_fmt: str, robot_type: str | None
+) -> dict[str, Any]:
+    """Everything of the dataset into ``tmp``; info.json last. Returns the info dict."""
+    pa, pq = _arrow()
+    cams, vectors = target_keys(store)
     h, w = store.obs_spec["rgb"][0][1:] if cams else (0, 0)
     writers = {
         c: FrameWriter(tmp / VIDEO_FILE.format(video_key=c), int(fps), h, w, vcodec, crf, g, pix_fmt) for c in cams
@@ -197,9 +213,6 @@ def export_lerobot(
     }
     (tmp / "meta" / "stats.json").write_text(json.dumps({k: _stats_json(s) for k, s in stats.items()}, indent=2))
     (tmp / INFO).write_text(json.dumps(info, indent=4))  # written last inside tmp: a complete dataset has one
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
     return info
 
 
