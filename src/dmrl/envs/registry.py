@@ -182,6 +182,11 @@ def _register_builtin() -> None:
             expert_options=("noise_std", "suboptimal", "miss_prob"),
             extra={"multipath_task": task},
         )
+    from dmrl.envs.suites import suite_envs  # Meta-World and OGBench names; imports neither package
+
+    for name, args in suite_envs().items():
+        if name not in REGISTRY:
+            register_env(name, **args)
 
 
 _register_builtin()
