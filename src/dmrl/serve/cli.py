@@ -74,7 +74,10 @@ def load_host(cfg: ServeConfig) -> PolicyHost:
     if cfg.onnx is not None:
         from dmrl.export import OnnxPlanner
 
-        onnx = OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads)
+        # A graph that reads an instruction embeds it outside the graph with the checkpoint's own LanguageEncoder.
+        reads_text = "instruction" in policy.chunk.obs_keys
+        text = {"text_encoder": policy.encoder.text_encoder} if reads_text else {}
+        onnx = OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads, **text)
     return PolicyHost(policy, onnx)
 
 
