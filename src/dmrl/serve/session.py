@@ -78,10 +78,10 @@ class PolicyHost:
         """``predict_chunk`` with the chunk noise drawn from ``generator``."""
         p = self.policy
 
+        @torch.inference_mode()
         def plan(obs: Mapping[str, Tensor | list[str]]) -> Tensor:
-            with torch.inference_mode():
-                chunk = p.sample_chunk(*p.condition(obs), generator=generator)
-                return p.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
+            chunk = p.sample_chunk(*p.condition(obs), generator=generator)
+            return p.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
 
         return plan
 
@@ -168,7 +168,8 @@ class Session:
             return self.plan(o)
 
         p = self.host.policy
-        with self.host.lock:  # one forward at a time: the weights (and torch's thread pool) are shared
+        # One forward at a time: the weights (and torch's thread pool) are shared. inference_mode as in policy.act.
+        with self.host.lock, torch.inference_mode():
             action = self.queue.step(obs, p.chunk, p.action_dim, self.host.device, plan)
         self.steps += 1
         return action, bool(planned)
