@@ -10,6 +10,7 @@ robomimic: ``write_robomimic`` writes data/demo_N/{obs, next_obs, actions, rewar
 
 from __future__ import annotations
 
+import functools
 import json
 from fractions import Fraction
 from pathlib import Path
@@ -24,8 +25,10 @@ FPS = 10
 CAMS = ("observation.images.front", "observation.images.wrist")
 
 
+@functools.lru_cache(maxsize=64)
 def frame(cam: int, ep: int, t: int, h: int, w: int) -> np.ndarray:
-    """A smooth (H, W, 3) uint8 test image (video codecs keep smooth images within a few levels)."""
+    """A smooth (H, W, 3) uint8 test image (video codecs keep smooth images within a few levels); 4 x 8 patterns."""
+    ep, t = ep % 4, t % 8
     y, x = np.mgrid[0:h, 0:w].astype(np.float32)
     r = 128 + 100 * np.sin(x / w * 3 + t * 0.3 + cam)
     g = 128 + 100 * np.cos(y / h * 3 + ep)
@@ -51,8 +54,10 @@ def write_lerobot_v3(
     cams: tuple[str, ...] = CAMS,
     tasks: tuple[str, ...] = ("pick the red cube", "open the drawer"),
     vcodec: str = "libsvtav1",
+    keep_frames: bool = True,
 ) -> dict[int, dict[str, np.ndarray]]:
-    """Write the dataset; returns {episode: {"state", "action", "reward", cam: (T, H, W, 3)}} as written."""
+    """Write the dataset; returns {episode: {"state", "action", "reward", cam: (T, H, W, 3) if keep_frames}} as
+    written. vcodec libx264 encodes at preset ultrafast (big generated datasets)."""
     h, w = hw
     truth: dict[int, dict[str, np.ndarray]] = {}
     ep_rows: list[dict] = []
@@ -66,7 +71,8 @@ def write_lerobot_v3(
             path = root / f"videos/{c}/chunk-000/file-{f:03d}.mp4"
             path.parent.mkdir(parents=True, exist_ok=True)
             cont = av.open(str(path), "w")
-            s = cont.add_stream(vcodec, rate=FPS, options={"g": "2", "crf": "30"})
+            fast = {"preset": "ultrafast"} if vcodec == "libx264" else {}
+            s = cont.add_stream(vcodec, rate=FPS, options={"g": "2", "crf": "30", **fast})
             s.width, s.height, s.pix_fmt = w, h, "yuv420p"
             writers[c] = (cont, s, [0])
         for e in eps:
@@ -105,7 +111,8 @@ def write_lerobot_v3(
             for ci, c in enumerate(cams):
                 cont, s, count = writers[c]
                 frames = np.stack([frame(ci, e, i, h, w) for i in range(t)])
-                arr[c] = frames
+                if keep_frames:
+                    arr[c] = frames
                 row[f"videos/{c}/chunk_index"] = 0
                 row[f"videos/{c}/file_index"] = f
                 row[f"videos/{c}/from_timestamp"] = count[0] / FPS
