@@ -1,5 +1,5 @@
-"""``dmrl serve`` as a robot stack runs it: a process, a ready line, torch or onnxruntime planning, SIGTERM / SIGINT
-shutdown that closes every client with 1001; bad flags exit 2 with one line."""
+"""``dmrl serve`` as a robot stack runs it: a process with a ready line, SIGTERM / SIGINT shutdown that closes every
+client with 1001; the --onnx planner with per-client noise; bad flags exit 2 with one line."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def _stop(proc: subprocess.Popen, client: PolicyClient, sig: int) -> str:
     return proc.stderr.read()
 
 
-def test_serve_process_acts_like_the_policy_and_stops_on_sigterm(state_checkpoint):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_process_acts_like_the_policy_and_stops_on_a_signal(state_checkpoint, sig):
     proc, ready = _start("--checkpoint", str(state_checkpoint))
     try:
         assert ready["planner"] == "torch" and ready["obs_keys"] == ["state"] and ready["url"].startswith("ws://")
@@ -64,7 +65,7 @@ def test_serve_process_acts_like_the_policy_and_stops_on_sigterm(state_checkpoin
         client.reset(seed=5)
         got = np.stack([client.act(o) for o in steps])
         client.act(steps[0])  # mid-episode when the signal comes
-        log = _stop(proc, client, signal.SIGTERM)
+        log = _stop(proc, client, sig)
     finally:
         proc.kill()
         proc.wait(10)
@@ -73,28 +74,28 @@ def test_serve_process_acts_like_the_policy_and_stops_on_sigterm(state_checkpoin
     np.testing.assert_array_equal(got, direct_actions(load_policy(state_checkpoint)[0], [(5, steps)])[0])
 
 
-def test_serve_onnx_planner_per_client_noise_and_sigint(state_checkpoint, tmp_path):
+def test_onnx_planner_gives_each_client_its_own_noise(state_checkpoint, tmp_path):
     from dmrl.export import OnnxPlanner, export_onnx
+    from dmrl.serve.cli import ServeConfig, load_host
+    from dmrl.serve.server import PolicyServer
 
     pytest.importorskip("onnxruntime")
     policy = load_policy(state_checkpoint)[0]
     graph = tmp_path / "policy.onnx"
     export_onnx(policy, graph)
-    proc, ready = _start("--checkpoint", str(state_checkpoint), "--onnx", str(graph))
     episodes = {"a": (3, state_obs(6, 9)), "b": (8, state_obs(7, 9))}
-    try:
-        assert ready["planner"] == "onnxruntime"
-        clients = {k: PolicyClient(ready["url"]) for k in episodes}
+    host = load_host(ServeConfig(checkpoint=state_checkpoint, onnx=graph))  # what `dmrl serve --onnx` serves
+    with PolicyServer(host, port=0) as server:
+        clients = {k: PolicyClient(server.url) for k in episodes}
+        assert clients["a"].info["planner"] == "onnxruntime"
         for k, (seed, _) in episodes.items():
             clients[k].reset(seed=seed)
-        got = {k: [] for k in episodes}
+        got: dict[str, list] = {k: [] for k in episodes}
         for t in range(9):  # interleaved: each client's noise is its own generator's
             for k, (_, steps) in episodes.items():
                 got[k].append(clients[k].act(steps[t]))
-        _stop(proc, clients["a"], signal.SIGINT)
-    finally:
-        proc.kill()
-        proc.wait(10)
+        for c in clients.values():
+            c.close()
     for k, (seed, steps) in episodes.items():
         policy.set_planner(OnnxPlanner(graph, seed=seed))
         policy.reset()
