@@ -158,7 +158,7 @@ class Args:
     clients: list[int] = field(default_factory=lambda: [1, 4])
     """numbers of clients stepping at once"""
     onnx: bool = True
-    """also serve an exported graph (--onnx) of each policy that exports"""
+    """serve an exported graph (--onnx) of each policy that exports as well (--no-onnx: torch only)"""
 
 
 def main() -> None:
@@ -233,7 +233,7 @@ def main() -> None:
     meta = {
         **machine(),
         "command": "python benchmarks/serve_latency.py"
-        + "".join(f" --{k} {v}" for k, v in (("steps", args.steps), ("clients", " ".join(map(str, args.clients)))))
+        + f" --steps {args.steps} --rounds {args.rounds} --clients {' '.join(map(str, args.clients))}"
         + (" --checkpoints " + " ".join(map(str, args.checkpoints)) if args.checkpoints else "")
         + ("" if args.onnx else " --no-onnx"),
         "server": "dmrl serve, one process, one torch / onnxruntime thread; clients: threads of the benchmark process",
@@ -241,6 +241,7 @@ def main() -> None:
         "Ta": "8 (checkpoint default): p50 is a queue pop, p99 and plan_p50_ms a planned chunk",
         "weights": "trained checkpoints" if args.checkpoints else "random (README policy shapes)",
         "added_p50_ms": "p50_ms - direct_ms (the issue's target: <= 1 ms with 1 client)",
+        "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # other jobs on the machine inflate every column
     }
     write_results("serve_latency", rows, meta, list(rows[0]))
 
