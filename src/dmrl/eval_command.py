@@ -82,7 +82,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     if cfg.onnx is not None:
         from dmrl.export import OnnxPlanner
 
-        policy.set_planner(OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads))
+        # A graph that reads an instruction takes its embedding: the checkpoint's LanguageEncoder makes it.
+        text = getattr(policy.encoder, "text_encoder", None)
+        policy.set_planner(OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads, text_encoder=text))
     drop = check_drop(policy, cfg.drop_modality)
     env_id = cfg.env or meta.get("env_id", "dmrl/MultiPathGrasp-v0")
     # The training store's image size / cameras / cups (meta.env_kwargs) so observations match the policy.

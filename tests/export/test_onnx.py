@@ -1,4 +1,5 @@
-"""ONNX export of the diffusion chunk planner: onnxruntime reproduces torch, act() runs on it, errors are one line."""
+"""ONNX export of every policy kind: onnxruntime reproduces torch, the graph is predict_chunk for the same noise,
+act() runs on it, the sidecar records the opset and operators, errors are one line."""
 
 from __future__ import annotations
 
@@ -7,87 +8,114 @@ import json
 import numpy as np
 import pytest
 import torch
+from export_helpers import STATE_DIM, TEXTS, Exported, state_policy
 
 from dmrl.cli import main
 from dmrl.export import ChunkGraph, OnnxPlanner, export_onnx, input_spec
-from dmrl.export.onnx import example_inputs
-from dmrl.policies import build_policy
-from dmrl.policies.base import ChunkConfig
-from dmrl.policies.checkpoint import save_policy
-from dmrl.policies.diffusion import DiffusionPolicyConfig
+from dmrl.export.onnx import OPSET, example_inputs, graph_ops
+from dmrl.policies import POLICIES
 from dmrl.policies.gaussian import GaussianPolicyConfig
 
-pytest.importorskip("onnxruntime")
-
-STATE_DIM, ACTION_DIM = 31, 6  # MultiPathGrasp-v0 with 3 cups: state (31,), action (6,)
+KINDS = ["multimodal-diffusion", "gaussian", "vae", "student"]
 
 
-def _policy(policy: str = "diffusion", **diffusion) -> torch.nn.Module:
-    torch.manual_seed(0)
-    cfg = {
-        "diffusion": DiffusionPolicyConfig(denoiser_kwargs={"hidden_dim": 64, "n_blocks": 1}, **diffusion),
-        "gaussian": GaussianPolicyConfig(),
-    }
-    chunk = ChunkConfig(obs_keys=("state",), horizon=8, n_action_steps=4)
-    p = build_policy(policy, chunk, cfg.get(policy), {"state": STATE_DIM}, ACTION_DIM)
-    for q in p.parameters():  # the zero-initialised head would make every chunk the same constant
-        torch.nn.init.normal_(q, std=0.1)
-    return p.eval()
+def _get(exported: dict[str, Exported], kind: str) -> Exported:
+    if kind not in exported:
+        pytest.skip(f"policy kind {kind!r} is not registered in this checkout")
+    return exported[kind]
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {"prediction_type": "sample", "num_inference_steps": 4},
-        {"prediction_type": "hybrid", "num_inference_steps": 3, "ddim_eta": 1.0},  # stochastic: step_noise input
-    ],
-    ids=["x0-ddim", "hybrid-stochastic"],
-)
-def test_onnxruntime_matches_torch_on_fresh_inputs(tmp_path, settings):
-    policy = _policy(**settings)
-    path = tmp_path / "p.onnx"
-    report = export_onnx(policy, path, batch_size=2)
-    assert report.max_abs_diff < 1e-5 and path.is_file()
-    spec = json.loads((tmp_path / "p.onnx.json").read_text())["inputs"]
-    assert ("step_noise" in spec) == (settings.get("ddim_eta", 0.0) > 0)
-    planner = OnnxPlanner(path)
-    graph = ChunkGraph(policy)
+def _torch_feeds(ex: Exported, feeds: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(v) for v in feeds.values())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnxruntime_matches_torch_on_fresh_inputs(exported, kind):
+    ex = _get(exported, kind)
+    planner = OnnxPlanner(ex.path, text_encoder=getattr(ex.policy.encoder, "text_encoder", None))
+    graph = ChunkGraph(ex.policy)
+    spec = input_spec(ex.policy, ex.batch)
+    assert ex.sidecar["max_abs_diff"] <= 1e-4  # the export's own check, which it passed before keeping the file
     for seed in (1, 2):  # not the inputs the export checked itself on
-        feeds = example_inputs(input_spec(policy, 2), seed=seed)
+        feeds = example_inputs(spec, seed=seed)
         with torch.no_grad():
-            expected = graph(*(torch.from_numpy(v) for v in feeds.values())).numpy()
+            expected = graph(*_torch_feeds(ex, feeds)).numpy()
         got = planner.run(feeds)
-        assert got.shape == (2, 8, ACTION_DIM)
+        assert got.shape == (ex.batch, ex.policy.chunk.horizon, ex.policy.action_dim)
         np.testing.assert_allclose(got, expected, atol=1e-5)
         assert np.abs(expected).max() > 1e-3  # the chunk is not a constant that would match trivially
-    # The graph is predict_chunk: same noise, same chunk (torch's own sampler, global RNG fixed).
-    feeds = example_inputs(input_spec(policy, 2), seed=3)
-    torch.manual_seed(5)
-    init = torch.randn(2, 8, ACTION_DIM)
-    steps = torch.randn(policy.sampler.num_steps, 2, 8, ACTION_DIM)
-    torch.manual_seed(5)
-    ref = policy.predict_chunk({"state": torch.from_numpy(feeds["state"])}).numpy()
-    feeds["init_noise"] = init.numpy()
-    if "step_noise" in feeds:
-        feeds["step_noise"] = steps.numpy()
-    np.testing.assert_allclose(planner.run(feeds), ref, atol=1e-5)
+        assert 0.0 < np.abs(expected).max() <= 1.0  # raw actions, clipped
 
 
-def test_act_with_onnx_planner_serves_any_batch(tmp_path):
-    policy = _policy(prediction_type="sample", num_inference_steps=2)
-    export_onnx(policy, tmp_path / "p.onnx", batch_size=1)
+def _draw_like_torch(ex: Exported, b: int) -> dict[str, torch.Tensor]:
+    """The kind's noise inputs, drawn from torch's global RNG in the order its sample_chunk draws them."""
+    p = ex.policy
+    chunk = (b, p.chunk.horizon, p.action_dim)
+    if p.name == "gaussian":
+        return {}  # it executes its mean chunk
+    if p.name == "vae":
+        return {"z": torch.randn(b, p.config.latent_dim)}
+    noise = {"init_noise": torch.randn(chunk)}
+    steps = p.sampler.num_steps if p.name == "diffusion" else len(p.starts) - 1
+    if p.name == "student" or p.sampler.stochastic:
+        noise["step_noise"] = torch.stack([torch.randn(chunk) for _ in range(steps)])
+    return noise
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_graph_is_predict_chunk_for_the_same_noise(exported, kind):
+    ex = _get(exported, kind)
+    p = ex.policy
+    feeds = example_inputs(input_spec(p, ex.batch), seed=3)
+    obs = {k: torch.from_numpy(v) for k, v in feeds.items() if k in p.chunk.obs_keys}
+    text = getattr(p.encoder, "text_encoder", None)
+    if text is not None:  # the graph reads what the LanguageEncoder makes of the strings
+        obs["instruction"] = list(TEXTS[: ex.batch])
+        with torch.no_grad():
+            tokens, mask = text(obs["instruction"])
+        feeds["instruction_tokens"], feeds["instruction_mask"] = tokens.numpy(), mask.numpy()
+    torch.manual_seed(5)
+    noise = _draw_like_torch(ex, ex.batch)
+    torch.manual_seed(5)
+    ref = p.predict_chunk(obs).numpy()  # torch's own sampler on the global RNG
+    assert set(noise) == set(ex.sidecar["noise_inputs"])
+    feeds |= {k: v.numpy() for k, v in noise.items()}
+    got = OnnxPlanner(ex.path, text_encoder=text).run(feeds)
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["multimodal-diffusion", "gaussian", "vae", "student"])
+def test_sidecar_records_opset_operators_and_inputs(exported, kind):
+    ex = _get(exported, kind)
+    side = ex.sidecar
+    assert side["opset"] == OPSET and side["policy"] == ex.policy.name
+    assert side["ops"] == graph_ops(ex.path) and sum(side["ops"].values()) > 10
+    assert list(side["inputs"]) == list(input_spec(ex.policy, ex.batch))
+    if kind == "multimodal-diffusion":
+        assert side["inputs"]["rgb"]["dtype"] == "uint8" and side["inputs"]["instruction_mask"]["dtype"] == "bool"
+        assert side["inputs"]["instruction_tokens"]["shape"] == [2, 12, 32]  # (B, L, D_text)
+        assert "MatMul" in side["ops"] and "Conv" in side["ops"]  # attention and the ViT's patch embedding
+
+
+def test_act_with_onnx_planner_serves_any_batch(exported):
+    ex = _get(exported, "student")
+    policy = ex.policy
     calls = []
-    planner = OnnxPlanner(tmp_path / "p.onnx")
+    planner = OnnxPlanner(ex.path)
 
     def counted(obs):
         calls.append(obs["state"].shape[0])
         return planner(obs)
 
     policy.set_planner(counted)
-    obs = {"state": np.random.default_rng(0).standard_normal((3, STATE_DIM)).astype(np.float32)}
-    actions = [policy.act(obs) for _ in range(5)]  # Ta = 4: plans at steps 0 and 4
-    assert calls == [3, 3] and all(a.shape == (3, ACTION_DIM) for a in actions)
-    assert all(np.abs(a).max() <= 1.0 for a in actions)
+    try:
+        obs = {"state": np.random.default_rng(0).standard_normal((3, STATE_DIM)).astype(np.float32)}
+        actions = [policy.act(obs) for _ in range(5)]  # Ta = 4: plans at steps 0 and 4
+        assert calls == [3, 3] and all(a.shape == (3, policy.action_dim) for a in actions)
+        assert all(np.abs(a).max() <= 1.0 for a in actions)
+    finally:
+        policy.set_planner(None)
+        policy.reset()
     # planning rows of a batch-1 graph one by one gives each row's own chunk
     rows = torch.from_numpy(obs["state"])[:, None].expand(3, 2, STATE_DIM).contiguous()
     planner.rng = np.random.default_rng(7)
@@ -95,40 +123,43 @@ def test_act_with_onnx_planner_serves_any_batch(tmp_path):
     planner.rng = np.random.default_rng(7)
     single = [planner({"state": rows[i : i + 1]}) for i in range(3)]
     torch.testing.assert_close(batch, torch.cat(single))
-    policy.set_planner(None)
-    assert policy.act(obs).shape == (3, ACTION_DIM)
 
 
-def test_export_errors_are_one_line(tmp_path):
-    with pytest.raises(ValueError, match="covers diffusion policies"):
-        export_onnx(_policy("gaussian"), tmp_path / "g.onnx")
+def test_every_registered_policy_kind_is_exported(exported):
+    names = {ex.policy.name for ex in exported.values()}
+    assert set(POLICIES) <= names, f"add an export of {sorted(set(POLICIES) - names)} to tests/export/conftest.py"
+
+
+def test_export_errors_are_one_line(exported, tmp_path):
+    policy = state_policy("gaussian", GaussianPolicyConfig(hidden=32, depth=1))
+    policy.name = "mystery"  # a kind without a graph builder
+    with pytest.raises(ValueError, match="no ONNX graph builder for a 'mystery' policy"):
+        export_onnx(policy, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
     with pytest.raises(ValueError, match=r"must end in \.onnx"):
-        export_onnx(_policy(), tmp_path / "p.bin")
+        export_onnx(exported["vae"].policy, tmp_path / "p.bin")
     with pytest.raises(FileNotFoundError, match="dmrl export"):
         OnnxPlanner(tmp_path / "missing.onnx")
     (tmp_path / "lonely.onnx").write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="lonely.onnx.json"):
         OnnxPlanner(tmp_path / "lonely.onnx")
+    with pytest.raises(ValueError, match="pass text_encoder="):
+        OnnxPlanner(exported["multimodal-diffusion"].path)
 
 
-def test_cli_export_then_eval_on_onnxruntime(tmp_path, capsys):
-    ckpt = save_policy(
-        tmp_path / "run" / "checkpoint",
-        _policy(prediction_type="sample", num_inference_steps=2),
-        {"env_id": "dmrl/MultiPathGrasp-v0"},
-    )
-    assert main(["export", "--checkpoint", str(ckpt), "--inference-steps", "3"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["max_abs_diff_vs_torch"] < 1e-5 and (ckpt / "policy.onnx").is_file()
-    assert json.loads((ckpt / "policy.onnx.json").read_text())["num_inference_steps"] == 3
+def test_cli_export_then_eval_on_onnxruntime(exported, capsys):
+    ckpt = exported["gaussian"].path.parent  # the fixture ran `dmrl export --checkpoint CKPT`
+    side = exported["gaussian"].sidecar
+    assert side["policy"] == "gaussian" and side["max_abs_diff"] < 1e-5 and side["noise_inputs"] == []
+    assert side["meta"]["checkpoint"] == str(ckpt)
     args = ["eval", "--checkpoint", str(ckpt), "--onnx", str(ckpt / "policy.onnx"), "--episodes", "2"]
     assert main([*args, "--envs", "1", "--gif-episodes", "0"]) == 0
-    result = json.loads((tmp_path / "run" / "eval" / "eval.json").read_text())
-    assert result["episodes"] == 2 and result["planner"].startswith("onnxruntime:")
+    result = json.loads((ckpt.parent / "eval" / "eval.json").read_text())
+    assert result["episodes"] == 2 and result["planner"].startswith("onnxruntime:") and result["policy"] == "gaussian"
     # bad input: one line, nothing written
     capsys.readouterr()
-    assert main(["export", "--checkpoint", str(tmp_path / "nope")]) == 2
+    assert main(["export", "--checkpoint", str(ckpt.parent / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "missing config.json" in err
-    assert main(["export", "--checkpoint", str(ckpt), "--out", str(tmp_path / "x.txt")]) == 2
-    assert not (tmp_path / "x.txt").exists()
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(ckpt / "x.txt")]) == 2
+    assert not (ckpt / "x.txt").exists()

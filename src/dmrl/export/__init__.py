@@ -1,5 +1,6 @@
-"""Deployment: the policy alone, as a static ONNX graph (encoder + unrolled DDIM chain) run by onnxruntime."""
+"""Deployment: the policy alone, as a static ONNX graph (encoder + the chunk computation) run by onnxruntime."""
 
-from dmrl.export.onnx import ChunkGraph, ExportReport, OnnxPlanner, export_onnx, input_spec
+from dmrl.export.graphs import GRAPH_KINDS, ChunkGraph, input_spec, register_graph
+from dmrl.export.onnx import ExportReport, OnnxPlanner, export_onnx
 
-__all__ = ["ChunkGraph", "ExportReport", "OnnxPlanner", "export_onnx", "input_spec"]
+__all__ = ["GRAPH_KINDS", "ChunkGraph", "ExportReport", "OnnxPlanner", "export_onnx", "input_spec", "register_graph"]

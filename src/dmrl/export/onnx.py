@@ -1,20 +1,18 @@
-"""ONNX export of a diffusion policy's chunk planner (encoder + the whole unrolled DDIM chain) for deployment.
+"""ONNX export of a policy's chunk planner (observation encoder + the whole chunk computation, a diffusion policy's
+DDIM chain unrolled) for deployment, checked against torch before it is kept.
 
-The graph is the policy's ``predict_chunk`` as one static program:
-
-    inputs   one per observation key, raw as the env gives them with To frames: state / joints / force float32
-             (B, To, dim), rgb uint8 (B, To, 3V, H, W), depth float32 (B, To, V, H, W); then ``init_noise``
-             float32 (B, Tp, Da) and, for a stochastic sampler (eta > 0) only, ``step_noise`` (S, B, Tp, Da)
-    output   ``chunk`` float32 (B, Tp, Da): raw actions in the env's units, clipped to [-1, 1]
-
-Noise enters as inputs, so the graph has no random ops and gives the torch policy's numbers for the same noise
-(the export checks this with onnxruntime before it keeps the file). B, S, To and every image size are fixed at
-export: static shapes are what ONNX Runtime, TensorRT and Ascend ATC compile best. The instruction (strings) cannot
-enter a graph; policies that read it are refused with a one-line error.
+The graph is the policy's ``predict_chunk`` as one static program (:mod:`dmrl.export.graphs` says what each policy
+kind puts in it): observations raw with To frames, the instruction as the embedding its LanguageEncoder hands to
+fusion, the kind's noise as inputs; the output is the raw chunk (B, Tp, Da). Noise as inputs means the graph has
+no random ops and gives the torch policy's numbers for the same noise (the export checks this with onnxruntime
+before it keeps the file). B, S, To, L and every image size are fixed at export: static shapes are what ONNX
+Runtime, TensorRT and Ascend ATC compile best. Two torch ops are written out in ops ATC documents for opset 18:
+Mish as x * tanh(log(1 + exp(x))) and nan_to_num as Equal / Where (see :mod:`dmrl.export.ascend`).
 
 Why a graph at all: at batch 1 the eager loop is dominated by per-op dispatch (about 40 small ops per DDIM step),
 which onnxruntime removes; ``benchmarks/export_latency.py`` measures both. The receding-horizon queue stays in
-Python (:meth:`ChunkPolicy.act`), with :class:`OnnxPlanner` plugged in through ``ChunkPolicy.set_planner``.
+Python (:meth:`ChunkPolicy.act`), with :class:`OnnxPlanner` plugged in through ``ChunkPolicy.set_planner``; the
+planner runs the language model once per distinct instruction and caches its embedding.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ import logging
 import os
 import tempfile
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,67 +33,70 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dmrl.export.ascend import ascend_rewrites, check_ascend, graph_ops
+from dmrl.export.graphs import TEXT_INPUTS, ChunkGraph, Spec, input_spec
 from dmrl.policies import ChunkPolicy
-from dmrl.policies.observations import TEXT_KEYS
+from dmrl.types import OBS_MODES
 
 OPSET = 18
+TEXT_CACHE = 4096
+"""Most instruction embeddings an OnnxPlanner keeps (least recently used are dropped)."""
+
+__all__ = [
+    "OPSET",
+    "ChunkGraph",
+    "ExportReport",
+    "OnnxPlanner",
+    "example_inputs",
+    "export_onnx",
+    "graph_ops",
+    "input_spec",
+]
 
 
-class ChunkGraph(nn.Module):
-    """``predict_chunk`` of a diffusion policy with its noise as inputs: (*obs, init_noise[, step_noise]) -> chunk."""
-
-    def __init__(self, policy: ChunkPolicy) -> None:
-        super().__init__()
-        if policy.name != "diffusion":
-            raise ValueError(f"export: got a {policy.name} policy; ONNX export covers diffusion policies")
-        text = [k for k in policy.chunk.obs_keys if k in TEXT_KEYS]
-        if text:
-            raise ValueError(
-                f"export: the policy reads {text[0]!r} (strings), which cannot enter an ONNX graph; "
-                "export a policy trained without it"
-            )
-        self.policy = policy
-        self.keys = tuple(policy.chunk.obs_keys)
-        self.stochastic = bool(policy.sampler.stochastic)
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        n = len(self.keys)
-        obs = dict(zip(self.keys, inputs[:n], strict=True))
-        init_noise = inputs[n]
-        step_noise = inputs[n + 1] if self.stochastic else None
-        p = self.policy
-        # The policy's own sampling loop (no gradients): the graph is what predict_chunk runs, noise passed in.
-        x = p.sample_chunk(*p.condition(obs), init_noise=init_noise, step_noise=step_noise)
-        return p.normalizer.unnormalize("actions", x).clamp(-1.0, 1.0)
-
-
-def input_spec(policy: ChunkPolicy, batch_size: int) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{input name: (shape, numpy dtype name)} of the exported graph, in argument order."""
-    to, s = policy.chunk.n_obs_steps, policy.sampler.num_steps
-    spec: dict[str, tuple[tuple[int, ...], str]] = {}
-    for k in policy.chunk.obs_keys:
-        dim = policy.obs_dims[k]
-        shape = (batch_size, to, *dim) if isinstance(dim, (tuple, list)) else (batch_size, to, int(dim))
-        spec[k] = (shape, "uint8" if k == "rgb" else "float32")
-    chunk = (batch_size, policy.chunk.horizon, policy.action_dim)
-    spec["init_noise"] = (chunk, "float32")
-    if policy.sampler.stochastic:
-        spec["step_noise"] = ((s, *chunk), "float32")
-    return spec
-
-
-def example_inputs(spec: dict[str, tuple[tuple[int, ...], str]], seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs of ``spec``'s shapes: observations in a plausible range, noise standard normal."""
+def example_inputs(spec: Spec, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs of ``spec``'s shapes: observations in a plausible range, noise and token embeddings standard
+    normal, instruction masks True on a random-length prefix (at least [CLS] and [SEP]) as a tokenizer gives them."""
     rng = np.random.default_rng(seed)
     out = {}
     for name, (shape, dtype) in spec.items():
         if dtype == "uint8":
             out[name] = rng.integers(0, 256, size=shape, dtype=np.uint8)
+        elif dtype == "bool":
+            lengths = rng.integers(min(2, shape[-1]), shape[-1] + 1, size=shape[:-1])
+            out[name] = np.arange(shape[-1]) < lengths[..., None]
         elif name == "depth":
             out[name] = rng.uniform(0.2, 2.0, size=shape).astype(np.float32)
         else:
             out[name] = rng.standard_normal(shape).astype(np.float32)
     return out
+
+
+def noise_names(spec: Spec) -> list[str]:
+    """The inputs of ``spec`` that are noise: neither an observation key nor the instruction embedding."""
+    return [k for k in spec if k not in OBS_MODES and k not in TEXT_INPUTS]
+
+
+# Ops ATC documents only up to opset 13 (Softplus, which the exporter's Mish would use) or not at all (Mish,
+# IsInf, IsNaN), written out at export in ops it documents for opset 18. The values match torch's to float
+# rounding (the export's parity check covers them).
+def _mish(x):  # noqa: ANN001, ANN202 (onnxscript traces these with its own value type)
+    from onnxscript import opset18 as op
+
+    return op.Mul(x, op.Tanh(op.Log(op.Add(op.Exp(x), op.CastLike(1.0, x)))))
+
+
+def _nan_to_num(x, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None):  # noqa: ANN001, ANN202
+    from onnxscript import opset18 as op
+
+    big = float(torch.finfo(torch.float32).max)
+    y = op.Where(op.Equal(x, x), x, op.CastLike(nan, x))  # NaN is the one value unequal to itself
+    y = op.Where(op.Equal(y, op.CastLike(float("inf"), x)), op.CastLike(big if posinf is None else posinf, x), y)
+    return op.Where(op.Equal(y, op.CastLike(float("-inf"), x)), op.CastLike(-big if neginf is None else neginf, x), y)
+
+
+def _translations() -> dict:
+    return {torch.ops.aten.mish.default: _mish, torch.ops.aten.nan_to_num.default: _nan_to_num}
 
 
 @contextlib.contextmanager
@@ -112,16 +114,18 @@ def _quiet(logger: str) -> Iterator[None]:
 @dataclass
 class ExportReport:
     path: Path
-    inputs: dict[str, tuple[tuple[int, ...], str]]
+    inputs: Spec
     max_abs_diff: float
     """Largest |onnxruntime - torch| over the chunk for random inputs: the export's own check."""
     file_mb: float
+    ops: dict[str, int]
+    """{ONNX op type: count} of the graph (also in the sidecar JSON)."""
 
 
 def export_onnx(
     policy: ChunkPolicy, path: Path, batch_size: int = 1, atol: float = 1e-4, meta: dict[str, Any] | None = None
 ) -> ExportReport:
-    """Write ``path`` (the graph) and ``path.json`` (its input spec and chunk settings); check against torch.
+    """Write ``path`` (the graph) and ``path.json`` (its input spec, opset, op list and chunk settings).
 
     The file appears only after onnxruntime reproduced torch's chunk to ``atol`` on random inputs, so a failed or
     interrupted export leaves whatever was at ``path`` before.
@@ -153,30 +157,45 @@ def export_onnx(
                 optimize=True,
                 verbose=False,
                 external_data=False,
+                custom_translation_table=_translations(),
             )
             expected = graph(*args).numpy()
-        got = OnnxPlanner(Path(tmp), spec=spec).run(feeds)
+        ascend_rewrites(tmp)
+        text = getattr(policy.encoder, "text_encoder", None)
+        got = OnnxPlanner(Path(tmp), spec=spec, text_encoder=text).run(feeds)
         diff = float(np.abs(got - expected).max())
         if not diff <= atol:
             raise RuntimeError(f"export {path}: onnxruntime differs from torch by {diff:.3g} (> {atol}); file not kept")
+        ops = graph_ops(Path(tmp))
+        ascend = check_ascend(Path(tmp))
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    sampler = getattr(policy, "sampler", None)
     sidecar = {
+        "policy": policy.name,
         "inputs": {k: {"shape": list(s), "dtype": d} for k, (s, d) in spec.items()},
         "output": {"chunk": [batch_size, policy.chunk.horizon, policy.action_dim]},
+        "noise_inputs": noise_names(spec),
         "obs_keys": list(policy.chunk.obs_keys),
         "n_obs_steps": policy.chunk.n_obs_steps,
         "n_action_steps": policy.chunk.n_action_steps,
-        "num_inference_steps": policy.sampler.num_steps,
-        "stochastic": bool(policy.sampler.stochastic),
+        "num_inference_steps": sampler.num_steps if sampler is not None else None,
+        "stochastic": bool(sampler.stochastic) if sampler is not None else False,
         "opset": OPSET,
+        "ops": ops,
         "max_abs_diff": diff,
+        "ascend_atc": {
+            "ok": ascend.ok,
+            "unsupported": ascend.unsupported,
+            "unverified": ascend.unverified,
+            "dynamic_shapes": ascend.dynamic,
+        },
         "meta": meta or {},
     }
     Path(f"{path}.json").write_text(json.dumps(sidecar, indent=2))
-    return ExportReport(path, spec, diff, path.stat().st_size / 2**20)
+    return ExportReport(path, spec, diff, path.stat().st_size / 2**20, ops)
 
 
 class OnnxPlanner:
@@ -185,10 +204,17 @@ class OnnxPlanner:
     Plug it into a policy with ``policy.set_planner(planner)``: ``act`` keeps its history and action queue and
     asks the graph for each new chunk. Rows are run one graph batch at a time (a batch-1 graph serves any B).
     Noise comes from this planner's own generator, so runs are reproducible for a given ``seed``.
+    ``text_encoder``: for a graph that reads an instruction, the policy's LanguageEncoder
+    (``policy.encoder.text_encoder``); it embeds each distinct instruction once and the planner caches the result.
     """
 
     def __init__(
-        self, path: Path, spec: dict[str, tuple[tuple[int, ...], str]] | None = None, threads: int = 1, seed: int = 0
+        self,
+        path: Path,
+        spec: Spec | None = None,
+        threads: int = 1,
+        seed: int = 0,
+        text_encoder: nn.Module | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -200,34 +226,67 @@ class OnnxPlanner:
             if not side.is_file():
                 raise FileNotFoundError(f"onnx model {path}: missing {side.name} (written by `dmrl export` beside it)")
             spec = {k: (tuple(v["shape"]), v["dtype"]) for k, v in json.loads(side.read_text())["inputs"].items()}
+        self.reads_text = TEXT_INPUTS[0] in spec
+        if self.reads_text and text_encoder is None:
+            raise ValueError(
+                f"onnx model {path}: it reads an instruction embedding; pass text_encoder= the checkpoint's "
+                "LanguageEncoder (policy.encoder.text_encoder)"
+            )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3  # ORT warns about ops it cannot constant-fold (e.g. Mish): not actionable
+        opts.log_severity_level = 3  # ORT warns about ops it cannot constant-fold: not actionable
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.spec = spec
-        self.obs_keys = [k for k in spec if k not in ("init_noise", "step_noise")]
-        self.batch = spec["init_noise"][0][0]
+        self.noise = noise_names(spec)
+        tensor_keys = [k for k in spec if k not in self.noise and k not in TEXT_INPUTS]
+        self.obs_keys = [*tensor_keys, "instruction"] if self.reads_text else tensor_keys
+        self.batch = next(iter(spec.values()))[0][0]
         self.rng = np.random.default_rng(seed)
+        self.text_encoder = text_encoder
+        self._text_cache: OrderedDict[str, tuple[np.ndarray, np.ndarray]] = OrderedDict()
 
     def run(self, feeds: dict[str, np.ndarray]) -> np.ndarray:
         """Raw session call on a full feed dict (shapes exactly as the spec)."""
         return self.session.run(["chunk"], feeds)[0]
 
-    def __call__(self, obs: dict[str, Tensor]) -> Tensor:
+    def embed(self, instructions: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """B strings -> (instruction_tokens (B, L, D_text) float32, instruction_mask (B, L) bool), from the cache
+        or one text-encoder call for the strings not seen yet."""
+        new = [s for s in dict.fromkeys(instructions) if s not in self._text_cache]
+        if new:
+            assert self.text_encoder is not None
+            with torch.inference_mode():
+                tokens, mask = self.text_encoder(new)
+            for i, s in enumerate(new):
+                self._text_cache[s] = (tokens[i].float().cpu().numpy(), mask[i].bool().cpu().numpy())
+        rows = []
+        for s in instructions:
+            self._text_cache.move_to_end(s)
+            rows.append(self._text_cache[s])
+        while len(self._text_cache) > TEXT_CACHE:
+            self._text_cache.popitem(last=False)
+        return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
+
+    def __call__(self, obs: dict[str, Tensor | list[str]]) -> Tensor:
         missing = [k for k in self.obs_keys if k not in obs]
         if missing:
             raise KeyError(f"onnx planner: obs lacks {missing[0]!r}; the graph needs {self.obs_keys}")
-        arrays = {k: np.ascontiguousarray(obs[k].cpu().numpy()).astype(self.spec[k][1]) for k in self.obs_keys}
-        b, g = len(arrays[self.obs_keys[0]]), self.batch
+        arrays = {
+            k: np.ascontiguousarray(obs[k].cpu().numpy()).astype(self.spec[k][1])  # type: ignore[union-attr]
+            for k in self.obs_keys
+            if k != "instruction"
+        }
+        if self.reads_text:
+            arrays["instruction_tokens"], arrays["instruction_mask"] = self.embed(list(obs["instruction"]))
+        b, g = len(next(iter(arrays.values()))), self.batch
         out = []
         for start in range(0, b, g):
             rows = {k: v[start : start + g] for k, v in arrays.items()}
-            n = len(rows[self.obs_keys[0]])
+            n = len(next(iter(rows.values())))
             if n < g:  # pad the last rows up to the graph's static batch, drop them after
                 rows = {k: np.concatenate([v, np.repeat(v[-1:], g - n, axis=0)]) for k, v in rows.items()}
-            for name in ("init_noise", "step_noise"):
-                if name in self.spec:
-                    rows[name] = self.rng.standard_normal(self.spec[name][0]).astype(np.float32)
+            for name in self.noise:
+                rows[name] = self.rng.standard_normal(self.spec[name][0]).astype(np.float32)
             out.append(self.run(rows)[:n])
         return torch.from_numpy(np.concatenate(out))
