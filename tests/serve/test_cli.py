@@ -113,6 +113,7 @@ def test_onnx_planner_gives_each_client_its_own_noise(state_checkpoint, tmp_path
         (["--max-clients", "0"], "--max-clients and --cpu-threads must be >= 1"),
         (["--action-steps", "9"], "--action-steps: got 9; allowed 1 .. 7"),
         (["--port", "BUSY"], "cannot listen"),
+        (["--host", ""], "--host: got ''"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(state_checkpoint, capsys, flags, expected):

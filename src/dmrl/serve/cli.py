@@ -42,6 +42,8 @@ class ServeConfig:
     """torch threads for the policy (1: the lowest latency at batch 1 here, and no spin-waiting)."""
 
     def __post_init__(self) -> None:
+        if not self.host.strip():  # "" would bind every interface: make that a visible choice (0.0.0.0)
+            raise ValueError("--host: got ''; give an address or name, e.g. 127.0.0.1 (this machine) or 0.0.0.0 (all)")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"--port: got {self.port}; allowed 0 .. 65535 (0: any free port)")
         if self.max_clients < 1 or self.cpu_threads < 1:
