@@ -1,9 +1,9 @@
 """dmrl data import / export throughput and memory: a generated LeRobotDataset v3 (one camera + state + actions) and a
 robomimic-style HDF5 file of the same size, imported into an episode store; the LeRobot store exported back.
 
-Run: ``python benchmarks/data_import.py`` (defaults: 20 episodes x 100 frames of 96 x 96). Each measurement runs in a
-fresh process; peak_rss_mb is that process's peak resident memory (ru_maxrss), which includes the ~0.4 GB that
-importing dmrl (torch) costs. decoded_mb is the size of the dataset's frames as uint8 arrays, for comparison: an
+Run: ``python benchmarks/data_import.py`` (defaults: 20 and 60 episodes x 100 frames of 96 x 96). Each measurement
+runs in a fresh process; peak_rss_mb is that process's peak resident memory (ru_maxrss), which includes what loading
+dmrl's modules (torch) costs: the baseline row. decoded_mb is the size of the dataset's frames as uint8 arrays: an
 import that held the dataset in memory would need at least that much on top. Sources are written by
 tests/data/importers/fixtures.py (the LeRobot layout as lerobot's writer lays it out; libx264 for the mp4 here).
 """
@@ -30,7 +30,8 @@ from dmrl.data.importers.cli import ExportConfig, ImportConfig, run_export, run_
 kind, src, out = sys.argv[1:4]
 t = time.perf_counter()
 if kind == "baseline":  # load every module an import or export loads (torch through dmrl.data), do no work
-    import av, h5py, pyarrow.parquet, dmrl.data.importers.lerobot, dmrl.data.importers.hdf5, dmrl.data.importers.lerobot_export
+    import av, h5py, pyarrow.parquet
+    import dmrl.data.importers.lerobot, dmrl.data.importers.hdf5, dmrl.data.importers.lerobot_export
 elif kind == "export":
     run_export(ExportConfig(store=Path(src), out=Path(out), vcodec="libx264"))
 else:
@@ -42,8 +43,8 @@ print(json.dumps({"seconds": seconds, "peak_rss_mb": resource.getrusage(resource
 
 @dataclass
 class Args:
-    episodes: int = 20
-    """episodes in each generated dataset"""
+    episodes: tuple[int, ...] = (20, 60)
+    """episodes in each generated dataset, one dataset per value (peak memory should not grow with it)"""
     length: int = 100
     """frames per episode"""
     image_size: int = 96
@@ -60,13 +61,12 @@ def _run(kind: str, src: Path, out: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    args = parse_args(Args, __doc__)
+def _measure(episodes: int, args: Args, baseline: bool) -> list[dict]:
     from fixtures import write_lerobot_v3, write_robomimic
 
-    lengths = (args.length,) * args.episodes
+    lengths = (args.length,) * episodes
     hw = (args.image_size, args.image_size)
-    frames = args.episodes * args.length
+    frames = episodes * args.length
     decoded_mb = round(frames * hw[0] * hw[1] * 3 / 2**20, 1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,14 +75,15 @@ def main() -> None:
         write_lerobot_v3(t / "lerobot", lengths=lengths, hw=hw, episodes_per_file=10, cams=cams, vcodec="libx264",
                          keep_frames=False)  # fmt: skip
         write_robomimic(t / "rm.hdf5", lengths=lengths, hw=hw)
-        for fmt, kind, src, out in (
-            ("-", "baseline", t, t),  # python + dmrl's imports alone: what every row's peak_rss_mb includes
+        runs = [("-", "baseline", t, t)] if baseline else []  # python + dmrl's imports: in every peak_rss_mb
+        runs += [
             ("lerobot", "import", t / "lerobot", t / "lerobot.zarr"),
             ("hdf5", "import", t / "rm.hdf5", t / "rm.zarr"),
             ("lerobot", "export", t / "lerobot.zarr", t / "exported"),
-        ):
+        ]
+        for fmt, kind, src, out in runs:
             r = _run(kind, src, out)
-            size = {"episodes": args.episodes, "frames": frames, "image": f"{hw[0]}x{hw[1]}", "decoded_mb": decoded_mb}
+            size = {"episodes": episodes, "frames": frames, "image": f"{hw[0]}x{hw[1]}", "decoded_mb": decoded_mb}
             rows.append(
                 {
                     "format": fmt,
@@ -93,6 +94,14 @@ def main() -> None:
                     "peak_rss_mb": round(r["peak_rss_mb"], 1),
                 }
             )
+    return rows
+
+
+def main() -> None:
+    args = parse_args(Args, __doc__)
+    rows = []
+    for i, n in enumerate(args.episodes):
+        rows += _measure(n, args, baseline=i == 0)
     meta = {**machine(), "command": "python benchmarks/data_import.py " + " ".join(sys.argv[1:])}
     columns = [
         "format",
