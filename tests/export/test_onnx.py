@@ -163,3 +163,56 @@ def test_cli_export_then_eval_on_onnxruntime(exported, capsys):
     assert len(err.splitlines()) == 1 and "missing config.json" in err
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(ckpt / "x.txt")]) == 2
     assert not (ckpt / "x.txt").exists()
+
+
+def test_planner_embeds_each_instruction_once_and_acts_on_env_steps(exported):
+    ex = exported["multimodal-diffusion"]
+    policy, text = ex.policy, ex.policy.encoder.text_encoder
+    seen: list[list[str]] = []
+
+    class Counting(torch.nn.Module):
+        out_dim = text.out_dim
+
+        def forward(self, instructions):
+            seen.append(list(instructions))
+            return text(instructions)
+
+    planner = OnnxPlanner(ex.path, text_encoder=Counting(), seed=3)
+    rng = np.random.default_rng(0)
+
+    def step(texts):
+        n = len(texts)
+        return {
+            "rgb": rng.integers(0, 256, (n, 3, 16, 16), dtype=np.uint8),
+            "depth": rng.uniform(0.2, 2.0, (n, 1, 16, 16)).astype(np.float32),
+            "joints": rng.standard_normal((n, 6)).astype(np.float32),
+            "force": rng.standard_normal((n, 4)).astype(np.float32),
+            "instruction": tuple(texts),
+        }
+
+    policy.set_planner(planner)
+    try:
+        for t in range(9):  # Ta = 4: three plans; three envs, two instructions, then a new one for env 0
+            texts = [TEXTS[0], TEXTS[1], TEXTS[0]] if t < 4 else [TEXTS[2], TEXTS[1], TEXTS[0]]
+            a = policy.act(step(texts))
+            assert a.shape == (3, policy.action_dim) and np.isfinite(a).all() and np.abs(a).max() <= 1.0
+    finally:
+        policy.set_planner(None)
+        policy.reset()
+    # MiniLM ran once per distinct instruction, on the first plan that saw it
+    assert seen == [[TEXTS[0], TEXTS[1]], [TEXTS[2]]]
+    # the planner's chunk is the graph's for the cached embedding and the planner's own noise
+    obs = {k: torch.from_numpy(np.stack([v, v], axis=1)) for k, v in step(TEXTS[:2]).items() if k != "instruction"}
+    obs["instruction"] = list(TEXTS[:2])
+    planner.rng = np.random.default_rng(11)
+    got = planner(obs).numpy()
+    rng2 = np.random.default_rng(11)
+    spec = planner.spec
+    noise = {k: rng2.standard_normal(spec[k][0]).astype(np.float32) for k in planner.noise}
+    with torch.no_grad():
+        tokens, mask = text(obs["instruction"])
+        feeds = {k: obs[k] for k in ("rgb", "depth", "joints", "force")}
+        feeds |= {"instruction_tokens": tokens, "instruction_mask": mask}
+        feeds |= {k: torch.from_numpy(v) for k, v in noise.items()}
+        expected = ChunkGraph(policy)(*(feeds[k] for k in spec)).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)

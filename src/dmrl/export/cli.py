@@ -12,9 +12,11 @@ class ExportConfig:
     """``dmrl export --checkpoint RUN/checkpoint --out policy.onnx``."""
 
     checkpoint: Path
-    """A diffusion policy checkpoint directory (policy.safetensors + config.json)."""
+    """A policy checkpoint directory (policy.safetensors + config.json): diffusion, gaussian, vae or student, on
+    state or multimodal observations (an instruction enters as its LanguageEncoder embedding)."""
     out: Path | None = None
-    """The .onnx file to write (plus OUT.json, its input spec); default: <checkpoint>/policy.onnx."""
+    """The .onnx file to write (plus OUT.json: input spec, opset, operators, Ascend ATC check); default:
+    <checkpoint>/policy.onnx."""
     batch_size: int = 1
     """Static batch of the graph (1 for a robot; the planner serves any batch by running rows in graph batches)."""
     inference_steps: int | None = None
@@ -45,6 +47,7 @@ def run_export(cfg: ExportConfig) -> dict:
         "inputs": {k: list(s) for k, (s, _) in report.inputs.items()},
         "max_abs_diff_vs_torch": report.max_abs_diff,
         "file_mb": round(report.file_mb, 2),
+        "ascend_atc_ok": json.loads(Path(f"{report.path}.json").read_text())["ascend_atc"]["ok"],
     }
     print(json.dumps(summary, indent=2))
     return summary
