@@ -16,6 +16,7 @@ store holds what ``make_env_and_datasets("<env>-play-singletask-task<k>-v0")`` w
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,8 @@ def dataset_names() -> dict[str, tuple[str, int]]:
 
 
 def _manipspace(suite: Suite, **kwargs: Any) -> Any:
+    # OGBench builds a float64 Box for its action space on every access; gymnasium warns each time it casts.
+    warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", module="gymnasium")
     try:
         module = importlib.import_module(f"ogbench.manipspace.envs.{suite.module}")
     except ImportError:
@@ -93,6 +96,7 @@ class OGBenchEnv(gym.Env):
             self.suite, permute_blocks=False, success_timing="pre", reward_task_id=self.task, terminate_at_goal=True
         )
         self.play_env: Any = None  # OGBench's data-collection env, built by use_play_mode()
+        self._targets: dict[str, Any] | None = None  # the task's goal (task_successes)
         self.max_steps = self.suite.max_steps
         ob, _ = self.task_env.reset(seed=0)
         self.ob_dim = int(np.asarray(ob).shape[0])
@@ -121,7 +125,6 @@ class OGBenchEnv(gym.Env):
         if self.play_env is None:
             self.play_env = _manipspace(self.suite, terminate_at_goal=False, mode="data_collection")
             self.max_steps = PLAY_STEPS
-            self._targets = self._task_targets()
 
     def _task_targets(self) -> dict[str, Any]:
         # The task's goal, read as relabel_utils reads it: from the single-task env after a reset.
@@ -136,6 +139,8 @@ class OGBenchEnv(gym.Env):
     def task_successes(self, qpos: np.ndarray, button_states: np.ndarray | None = None) -> np.ndarray:
         """(n,) bool: which subgoals of the task ``qpos`` (and scene's button states) meets, as OGBench's
         ``relabel_dataset`` computes them (cubes within 4 cm, buttons equal, drawer / window within 4 cm)."""
+        if self._targets is None:
+            self._targets = self._task_targets()
         tg, n_cubes = self._targets, self.task_env._num_cubes
         cubes = np.stack([qpos[QPOS_OBJ + i * QPOS_CUBE : QPOS_OBJ + i * QPOS_CUBE + 3] for i in range(n_cubes)])
         parts = [np.linalg.norm(tg["cubes"] - cubes, axis=-1) <= 0.04]
@@ -167,7 +172,10 @@ class OGBenchEnv(gym.Env):
             now = bool(info["success"])
         self.success = self.success or now
         truncated = (not terminated) and self.t >= self.max_steps
-        return self._obs(), float(reward), bool(terminated), truncated, {"is_success": self.success, "success_now": now}
+        out = {"is_success": self.success, "success_now": now}
+        if self.play_env is not None:  # the oracle's current (random) target reached, before the action
+            out["target_reached"] = bool(info["success"])
+        return self._obs(), float(reward), bool(terminated), truncated, out
 
     def _obs(self) -> dict[str, np.ndarray]:
         ob = self.raw_ob.astype(np.float32)
