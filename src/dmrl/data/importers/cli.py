@@ -147,15 +147,18 @@ def run_import(cfg: ImportConfig, progress: bool = True) -> dict:
         from dmrl.data.importers.hdf5 import Hdf5Source
 
         src = Hdf5Source(cfg.source, cfg.keymap(), image_size=cfg.image_size, instruction=cfg.instruction)
-    spec = src.spec(cfg.env_id or None, cfg.episodes)
-    store = write_store(
-        cfg.out,
-        spec,
-        lambda skip: src.episodes(skip, cfg.episodes),
-        overwrite=cfg.overwrite,
-        resume=cfg.resume,
-        progress=progress,
-    )
+    try:
+        spec = src.spec(cfg.env_id or None, cfg.episodes)
+        store = write_store(
+            cfg.out,
+            spec,
+            lambda skip: src.episodes(skip, cfg.episodes),
+            overwrite=cfg.overwrite,
+            resume=cfg.resume,
+            progress=progress,
+        )
+    finally:
+        src.close()
     store.close()
     return {"out": str(cfg.out), "obs_modes": list(spec.obs_modes), **store.summary()}
 

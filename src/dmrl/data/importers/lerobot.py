@@ -305,6 +305,9 @@ class LeRobotSource:
             for r in readers.values():
                 r.close()
 
+    def close(self) -> None:
+        """Nothing stays open between episodes (files are opened per read); kept for symmetry with Hdf5Source."""
+
 
 def _concat(parts: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}

@@ -110,9 +110,7 @@ def _write(
     pa, pq = _arrow()
     cams, vectors = target_keys(store)
     h, w = store.obs_spec["rgb"][0][1:] if cams else (0, 0)
-    writers = {
-        c: FrameWriter(tmp / VIDEO_FILE.format(video_key=c), int(fps), h, w, vcodec, crf, g, pix_fmt) for c in cams
-    }
+    writers = {c: FrameWriter(tmp / VIDEO_FILE.format(video_key=c), fps, h, w, vcodec, crf, g, pix_fmt) for c in cams}
     stats = {k: RunningStats((d,)) for parts in vectors.values() for k, d in parts}
     stats["action"] = RunningStats((store.action_dim,))
     stats.update({c: RunningStats((3, h, w)) for c in cams})

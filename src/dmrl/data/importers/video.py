@@ -84,16 +84,19 @@ class FrameReader:
 
 
 class FrameWriter:
-    """One mp4 stream written frame by frame at a constant ``fps``; frame i has timestamp i / fps."""
+    """One mp4 stream written frame by frame at a constant ``fps``; frame i has timestamp i / fps.
 
-    def __init__(self, path: Path, fps: int, height: int, width: int, vcodec: str, crf: int, g: int, pix_fmt: str):
+    ``count`` frames written so far."""
+
+    def __init__(self, path: Path, fps: float, height: int, width: int, vcodec: str, crf: int, g: int, pix_fmt: str):
         av = _av()
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path, self.fps, self.count = path, fps, 0
+        self.path, self.count = path, 0
+        self.rate = Fraction(fps).limit_denominator(1001)  # 30, or 30000/1001 for NTSC's 29.97
         self._container = av.open(str(path), "w")
         options = {"g": str(g), "crf": str(crf)}
         try:
-            self._stream = self._container.add_stream(vcodec, rate=fps, options=options)
+            self._stream = self._container.add_stream(vcodec, rate=self.rate, options=options)
         except (av.error.FFmpegError, ValueError) as e:
             self._container.close()
             raise ValueError(
@@ -107,7 +110,7 @@ class FrameWriter:
         av = _av()
         for img in frames:
             frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-            frame.pts, frame.time_base = self.count, Fraction(1, self.fps)
+            frame.pts, frame.time_base = self.count, 1 / self.rate
             for packet in self._stream.encode(frame):
                 self._container.mux(packet)
             self.count += 1
