@@ -4,8 +4,8 @@ ATC (``atc --framework=5``) parses an ONNX model operator by operator, and its d
 the opset versions it accepts (``data/ascend_atc_onnx_ops.json`` holds what was transcribed, with its source and
 CANN version). :func:`check_ascend` reports every node whose operator is documented as unsupported at the graph's
 opset, a forbidden construct (Loop / If / Scan: the sampler must be unrolled; Einsum), a non-standard domain, and
-any tensor without a static shape. :func:`ascend_rewrites` replaces, in place, the few operators the exporter emits
-that ATC documents only for older opsets, by exactly equivalent ones it documents for the current opset.
+any tensor without a static shape, and a convolution outside the 2-D / 3-D inputs ATC's Conv pages describe.
+:mod:`dmrl.export.rewrites` replaces the few operators the exporter emits that ATC documents only for older opsets.
 """
 
 from __future__ import annotations
@@ -101,51 +101,15 @@ def check_ascend(path: Path) -> AscendReport:
             report.unsupported.append(f"{op}: not looked up in ATC's operator list; add it to {DATA}")
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
     g = inferred.graph
+    ranks = {}
     for vi in [*g.input, *g.output, *g.value_info]:
+        ranks[vi.name] = len(vi.type.tensor_type.shape.dim)
         if not _static(vi):
             report.dynamic.append(vi.name)
-    return report
-
-
-def ascend_rewrites(path: str) -> dict[str, int]:
-    """Rewrite, in place, ops ATC documents only for older opsets (or not at all) as exactly equal ones it documents
-    for opset 18; returns {op: nodes rewritten}.
-
-    IsNaN(x) -> Not(Equal(x, x)) (NaN is the one value unequal to itself; the exporter's attention zeroes fully
-    masked rows with IsNaN after its Softmax). Sub(a, b) -> Add(a, Mul(b, -1)) (ATC documents Sub up to opset 15;
-    negation is exact in IEEE arithmetic, so a + (-b) == a - b bit for bit).
-    """
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    model = onnx.load(path)
-    types = {
-        vi.name: vi.type.tensor_type.elem_type
-        for vi in [*onnx.shape_inference.infer_shapes(model).graph.value_info, *model.graph.input]
-    }
-    types |= {init.name: init.data_type for init in model.graph.initializer}
-    nodes, done, minus = [], {"IsNaN": 0, "Sub": 0}, {}
     for node in model.graph.node:
-        std = node.domain in ("", "ai.onnx")
-        if std and node.op_type == "IsNaN":
-            same = f"{node.output[0]}__equal_self"
-            nodes.append(helper.make_node("Equal", [node.input[0]] * 2, [same], name=f"{node.name}_equal"))
-            nodes.append(helper.make_node("Not", [same], list(node.output), name=f"{node.name}_not"))
-        elif std and node.op_type == "Sub":
-            dtype = types.get(node.input[1], TensorProto.FLOAT)
-            if dtype not in minus:
-                minus[dtype] = f"__minus_one_{dtype}"
-                value = np.array(-1, dtype=helper.tensor_dtype_to_np_dtype(dtype))
-                model.graph.initializer.append(numpy_helper.from_array(value, minus[dtype]))
-            negated = f"{node.output[0]}__negated"
-            nodes.append(helper.make_node("Mul", [node.input[1], minus[dtype]], [negated], name=f"{node.name}_neg"))
-            nodes.append(helper.make_node("Add", [node.input[0], negated], list(node.output), name=f"{node.name}_add"))
-        else:
-            nodes.append(node)
-            continue
-        done[node.op_type] += 1
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    onnx.save(model, path)
-    return done
+        # ATC's Conv / ConvTranspose pages take 4-D (N, C, H, W) or 5-D inputs: a 1-D convolution is outside them.
+        if node.op_type in ("Conv", "ConvTranspose") and ranks.get(node.input[0]) not in (4, 5):
+            report.unsupported.append(
+                f"{node.op_type} {node.name}: {ranks.get(node.input[0])}-D input; ATC documents 4-D or 5-D only"
+            )
+    return report

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dmrl.export.ascend import ascend_rewrites, check_ascend, graph_ops
+from dmrl.export.ascend import check_ascend, graph_ops
 from dmrl.export.graphs import TEXT_INPUTS, ChunkGraph, Spec, input_spec
+from dmrl.export.rewrites import ascend_rewrites
 from dmrl.policies import ChunkPolicy
 from dmrl.types import OBS_MODES
 
