@@ -11,7 +11,7 @@ pytest.importorskip("ogbench", reason='OGBench not installed (pip install -e ".[
 
 from dmrl.envs import REGISTRY, make_env, make_expert  # noqa: E402
 from dmrl.envs.suites import OGBENCH_ENVS  # noqa: E402
-from dmrl.envs.suites.ogbench import OGBenchEnv  # noqa: E402
+from dmrl.envs.suites.ogbench import ACTION_MEANING, OGBenchEnv  # noqa: E402
 from dmrl.envs.suites.ogbench_npz import load_npz  # noqa: E402
 
 NAME = "ogbench/cube-single-play-singletask-task2-v0"
@@ -123,3 +123,27 @@ def test_npz_round_trip_matches_ogbench_relabelling(play, tmp_path):
     np.testing.assert_array_equal(np.concatenate([ep.rewards for ep in episodes]), ref["rewards"])
     np.testing.assert_array_equal(np.concatenate([ep.obs["state"] for ep in episodes]), ref["observations"])
     np.testing.assert_array_equal(np.concatenate([ep.actions for ep in episodes]), ref["actions"])
+
+    # The episodes in a store, as `dmrl collect` writes it, and a 2-step train on it.
+    from dmrl.cli import main
+    from dmrl.data import EpisodeStore
+
+    spec = {"joints": ((19,), "float32"), "state": ((28,), "float32")}
+    store = EpisodeStore.create(
+        tmp_path / "d.zarr",
+        env_id=NAME,
+        obs_modes=("joints", "state"),
+        action_meaning=list(ACTION_MEANING),
+        obs_spec=spec,
+        action_dim=5,
+        episode_info={},
+    )
+    for ep in episodes:
+        store.append(ep)
+    store.close()
+    run, train = (
+        tmp_path / "run",
+        ["--steps", "2", "--batch-size", "4", "--chunk.horizon", "8", "--chunk.n-action-steps", "4"],
+    )
+    assert main(["train", "--dataset", str(tmp_path / "d.zarr"), "--out", str(run), *train]) == 0
+    assert (run / "checkpoint" / "policy.safetensors").is_file()
