@@ -77,6 +77,13 @@ def _manipspace(suite: Suite, **kwargs: Any) -> Any:
     return getattr(module, suite.cls)(env_type=suite.env_type, **kwargs)
 
 
+def scene_unhealthy(qpos: np.ndarray) -> bool:
+    """OGBench's health check of a scene play step: the cube went too far right, or too far left outside the
+    drawer (the published script discards and redoes such episodes; here they are kept and flagged)."""
+    x, y, z = qpos[QPOS_OBJ : QPOS_OBJ + 3]
+    return bool(y >= 0.29 or (y <= -0.3 and (z < 0.06 or z > 0.08)))
+
+
 class OGBenchEnv(gym.Env):
     """One OGBench single-task manipulation env (state observations); see the module docstring."""
 
@@ -107,7 +114,7 @@ class OGBenchEnv(gym.Env):
         }
         self.observation_space = gym.spaces.Dict({k: spaces[k] for k in self.obs_modes})
         self.raw_ob, self.raw_info = np.asarray(ob), {}
-        self.success, self.t = False, 0
+        self.success, self.t, self.unhealthy = False, 0, False
 
     @property
     def env_id(self) -> str:
@@ -157,7 +164,7 @@ class OGBenchEnv(gym.Env):
             raise ValueError(f"reset options: unknown keys {sorted(unknown)}; ogbench envs take none")
         ob, info = self.active.reset(seed=seed)
         self.raw_ob, self.raw_info = np.asarray(ob), info
-        self.success, self.t = False, 0
+        self.success, self.t, self.unhealthy = False, 0, False
         return self._obs(), {"is_success": False, "success_now": False}
 
     def step(self, action):
@@ -175,6 +182,9 @@ class OGBenchEnv(gym.Env):
         out = {"is_success": self.success, "success_now": now}
         if self.play_env is not None:  # the oracle's current (random) target reached, before the action
             out["target_reached"] = bool(info["success"])
+            if self.suite_name == "scene":
+                self.unhealthy = self.unhealthy or scene_unhealthy(info["prev_qpos"])
+                out["unhealthy"] = float(self.unhealthy)
         return self._obs(), float(reward), bool(terminated), truncated, out
 
     def _obs(self) -> dict[str, np.ndarray]:
