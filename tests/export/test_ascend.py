@@ -100,6 +100,32 @@ def test_rewrites_keep_the_values_and_leave_only_documented_ops(tmp_path):
     assert check_ascend(path).ok
 
 
+def test_one_dimensional_convolutions_become_two_dimensional(tmp_path):
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((6, 4, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "bias"),
+        numpy_helper.from_array(rng.standard_normal((6, 5, 4)).astype(np.float32), "wt"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "bias"], ["h"], kernel_shape=[3], pads=[1, 1], strides=[2]),
+        helper.make_node("ConvTranspose", ["h", "wt"], ["y"], kernel_shape=[4], pads=[1, 1], strides=[2]),
+    ]  # a U-Net's down- and up-sampling pair: (2, 4, 16) -> (2, 6, 8) -> (2, 5, 16)
+    path = tmp_path / "c.onnx"
+    onnx.save(_model(nodes, [_vi("x", [2, 4, 16])], [_vi("h", [2, 6, 8]), _vi("y", [2, 5, 16])], inits=inits), path)
+    feeds = {"x": rng.standard_normal((2, 4, 16)).astype(np.float32)}
+    before = ort.InferenceSession(str(path)).run(None, feeds)
+    assert not check_ascend(path).ok  # 3-D inputs
+    assert ascend_rewrites(str(path)) == {"Conv": 1, "ConvTranspose": 1}
+    after = ort.InferenceSession(str(path)).run(None, feeds)
+    for b, a in zip(before, after, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert check_ascend(path).ok
+
+
 def test_the_operator_list_carries_its_source():
     data = ascend_ops()
     assert data["source"].startswith("Huawei Ascend documentation") and "hiascend.com" in data["source"]

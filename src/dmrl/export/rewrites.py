@@ -6,6 +6,8 @@ all), replaced in the ONNX file by equal ones it documents for opset 18 (data/as
     Unsqueeze(x, axes)      -> Reshape(x, static shape)     the same bytes, a new shape (exact)
     Clip(x, lo, hi)         -> Min(Max(x, lo), hi)          ONNX defines Clip so (exact)
     ReduceMean(x, axes)     -> Mul(ReduceSum(x, axes), 1/N) N = the reduced element count (float rounding)
+    Conv / ConvTranspose    1-D (N, C, L) -> 2-D on (N, C, 1, L) with a (.., 1, k) kernel, reshaped back: ATC's
+                            pages take 4-D / 5-D inputs only (the U-Net denoiser's 1-D convolutions; float rounding)
 
 The exporter's own Mish and nan_to_num translations (export/onnx.py) avoid Softplus, IsInf and Mish in the first
 place. A node whose shapes or constant inputs cannot be read statically is left as it is, and the check
@@ -141,6 +143,36 @@ class _Rewriter:
             helper.make_node("Mul", [summed, scale], list(node.output), name=f"{node.name}_scale"),
         ]
 
+    def conv1d(self, node):  # noqa: ANN001, ANN201
+        from onnx import helper
+
+        x, w = node.input[0], node.input[1]
+        shape_x, shape_y = self.shapes.get(x), self.shapes.get(node.output[0])
+        if shape_x is None or len(shape_x) != 3 or shape_y is None or w not in self.constants:
+            return None
+        kernel = self.constants[w]
+        w2 = self.constant(kernel.reshape(kernel.shape[0], kernel.shape[1], 1, kernel.shape[2]), "kernel2d")
+        x2 = self.constant(np.array([shape_x[0], shape_x[1], 1, shape_x[2]], dtype=np.int64), "shape")
+        back = self.constant(np.array(shape_y, dtype=np.int64), "shape")
+        attrs = {}
+        for a in node.attribute:
+            value = helper.get_attribute_value(a)
+            if a.name == "pads":  # [begin, end] -> [top 0, begin, bottom 0, end]
+                value = [0, value[0], 0, value[1]]
+            elif a.name in ("kernel_shape", "strides", "dilations", "output_padding"):
+                value = [1 if a.name != "output_padding" else 0, *value]
+            elif a.name == "output_shape":
+                value = [1, *value]
+            attrs[a.name] = value
+        name = node.name
+        return [
+            helper.make_node("Reshape", [x, x2], [f"{name}__x2d"], name=f"{name}_to2d"),
+            helper.make_node(
+                node.op_type, [f"{name}__x2d", w2, *node.input[2:]], [f"{name}__y2d"], name=f"{name}_2d", **attrs
+            ),
+            helper.make_node("Reshape", [f"{name}__y2d", back], list(node.output), name=f"{name}_to1d"),
+        ]
+
 
 def ascend_rewrites(path: str) -> dict[str, int]:
     """Apply the module's rewrites to the ONNX file ``path`` in place; returns {op: nodes rewritten}."""
@@ -154,11 +186,15 @@ def ascend_rewrites(path: str) -> dict[str, int]:
         "Unsqueeze": r.unsqueeze,
         "Clip": r.clip,
         "ReduceMean": r.reduce_mean,
+        "Conv": r.conv1d,
+        "ConvTranspose": r.conv1d,
     }
     done = dict.fromkeys(handlers, 0)
     nodes = []
     for node in model.graph.node:
         handler = handlers.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        if handler and not node.name:  # the replacement nodes' names derive from it: they must be unique
+            node.name = f"{node.op_type}__{node.output[0]}"
         new = handler(node) if handler else None
         if new is None:
             nodes.append(node)
