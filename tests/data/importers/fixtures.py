@@ -2,7 +2,8 @@
 
 LeRobot: lerobot's writer needs torchvision, datasets and huggingface_hub, which this project does not install (and
 torchvision would have to match the pinned torch), so ``write_lerobot_v3`` lays out LeRobotDataset v3 with pyarrow
-and PyAV the way lerobot 0.4's ``LeRobotDataset.save_episode`` does: episodes split over chunk/file parquet files,
+and PyAV the way lerobot 0.4's ``LeRobotDataset.save_episode`` does (a small dataset from lerobot's real writer is in
+artifacts/lerobot_writer_v3, see test_lerobot_writer.py): episodes split over chunk/file parquet files,
 episodes concatenated per mp4 (libsvtav1, yuv420p, g=2, crf=30, lerobot's defaults) with ``from_timestamp`` per
 episode, fixed-size list columns for vectors, ``tasks`` per episode in meta/episodes, stats columns beside them.
 robomimic: ``write_robomimic`` writes data/demo_N/{obs, next_obs, actions, rewards, dones} with h5py.
