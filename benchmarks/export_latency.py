@@ -1,15 +1,26 @@
-"""Chunk-planning latency at batch 1 on one CPU thread: the torch policy (eager, inference_mode) against its
-exported ONNX graph in onnxruntime, for the denoisers and DDIM step counts we use.
+"""Chunk-planning latency at batch 1 on one CPU thread, for every policy kind: the torch policy (eager,
+inference_mode) against its exported ONNX graph in onnxruntime.
 
-Run: ``python benchmarks/export_latency.py`` (random weights in the MultiPathGrasp state-policy shapes: the cost of
-a dense network does not depend on its weight values) or ``--checkpoints RUN/checkpoint ...`` for trained ones.
-Writes benchmarks/results/export_latency.json and .md. Each row also reports the export's own parity check.
+Run: ``python benchmarks/export_latency.py`` (random weights: the cost of a network does not depend on its weight
+values) or ``--checkpoints RUN/checkpoint ...`` for trained ones; ``--cases NAME ...`` picks rows by name.
+Rows: state policies in the MultiPathGrasp state shapes (31 -> 6): the diffusion policy with each denoiser and
+DDIM step count, the Gaussian and VAE heads, the distilled student (1 and 2 network calls); and multimodal ones
+built from configs/grasp_multimodal_cpu.yaml at 64 px (rgb, depth, joints, force, an instruction; ResNet keypoints
+with FiLM, Perceiver fusion, frozen MiniLM): the diffusion policy and its student.
+
+Columns: torch_ms is ``predict_chunk`` on raw observations (strings for the instruction, which the LanguageEncoder
+caches per string); onnxruntime_ms is the graph alone; planner_ms is ``OnnxPlanner(obs)``, the whole onnxruntime
+decision (conversion, noise, the cached instruction embedding); ascend_ok is the export's ATC operator check.
+Writes benchmarks/results/export_latency.json and .md.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,24 +28,74 @@ import numpy as np
 import torch
 
 from _common import machine, parse_args, write_results
+from dmrl.config_utils import from_dict, load_yaml
 from dmrl.export import OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
-from dmrl.policies import build_policy
-from dmrl.policies.base import ChunkConfig
+from dmrl.policies import POLICIES, ChunkConfig, build_policy
 from dmrl.policies.checkpoint import load_policy
 from dmrl.policies.diffusion import DiffusionPolicyConfig
+from dmrl.policies.gaussian import GaussianPolicyConfig
+from dmrl.policies.vae import VAEPolicyConfig
 
 STATE_DIM, ACTION_DIM = 31, 6  # MultiPathGrasp-v0, 3 cups
-CASES = [  # (name, denoiser, kwargs, DDIM steps)
-    ("mlp 256x2", "mlp", {"hidden_dim": 256, "n_blocks": 2}, (10,)),
-    ("mlp 512x4", "mlp", {"hidden_dim": 512, "n_blocks": 4}, (2, 5, 10)),
-    ("unet", "unet", {}, (10,)),
-    ("transformer", "transformer", {}, (10,)),
-]
+MM_PRESET = Path(__file__).resolve().parents[1] / "configs" / "grasp_multimodal_cpu.yaml"
+MM_DIMS = {"rgb": (3, 64, 64), "depth": (1, 64, 64), "joints": 6, "force": 4}  # one camera, 64 px
+INSTRUCTION = "pick up the red cup"
 
 
-def _median_ms(fn, reps: int) -> float:
-    for _ in range(10):
+def _state(name: str, config) -> torch.nn.Module:  # noqa: ANN001
+    return build_policy(name, ChunkConfig(obs_keys=("state",)), config, {"state": STATE_DIM}, ACTION_DIM)
+
+
+def _diffusion(denoiser: str, kwargs: dict, steps: int) -> Callable[[], torch.nn.Module]:
+    cfg = DiffusionPolicyConfig(denoiser=denoiser, denoiser_kwargs=kwargs, prediction_type="sample")
+    cfg.num_inference_steps = steps
+    return lambda: _state("diffusion", cfg)
+
+
+def _student(kwargs: dict, steps: int, teacher_steps: int = 10) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from dmrl.policies.student import StudentPolicyConfig  # imported when run: a checkout may lack it
+
+        return _state("student", StudentPolicyConfig(steps=steps, denoiser_kwargs=kwargs, teacher_steps=teacher_steps))
+
+    return build
+
+
+def _multimodal(kind: str) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        preset = load_yaml(MM_PRESET)
+        chunk = from_dict(ChunkConfig, preset["chunk"], "chunk")
+        pol = {k: v for k, v in preset["policy"].items() if k != "type"}
+        if kind == "diffusion":
+            cfg = DiffusionPolicyConfig(**pol)
+        else:  # the student a distillation of this preset starts from: the teacher's denoiser, one call
+            from dmrl.policies.student import StudentPolicyConfig
+
+            cfg = StudentPolicyConfig(steps=1, denoiser=pol["denoiser"], denoiser_kwargs=pol["denoiser_kwargs"])
+        return build_policy(kind, chunk, cfg, MM_DIMS, ACTION_DIM)
+
+    return build
+
+
+CASES: dict[str, Callable[[], torch.nn.Module]] = {
+    "diffusion mlp 256x2 DDIM-10": _diffusion("mlp", {"hidden_dim": 256, "n_blocks": 2}, 10),
+    "diffusion mlp 512x4 DDIM-2": _diffusion("mlp", {"hidden_dim": 512, "n_blocks": 4}, 2),
+    "diffusion mlp 512x4 DDIM-10": _diffusion("mlp", {"hidden_dim": 512, "n_blocks": 4}, 10),
+    "diffusion unet DDIM-10": _diffusion("unet", {}, 10),
+    "diffusion transformer DDIM-10": _diffusion("transformer", {}, 10),
+    "gaussian 512x3": lambda: _state("gaussian", GaussianPolicyConfig()),
+    "vae 512x3 (z sampled)": lambda: _state("vae", VAEPolicyConfig()),
+    "student mlp 256x2 1-step": _student({"hidden_dim": 256, "n_blocks": 2}, 1),
+    "student mlp 512x4 1-step": _student({"hidden_dim": 512, "n_blocks": 4}, 1),
+    "student mlp 512x4 2-step": _student({"hidden_dim": 512, "n_blocks": 4}, 2),
+    "multimodal diffusion (preset) DDIM-10": _multimodal("diffusion"),
+    "multimodal student (preset) 1-step": _multimodal("student"),
+}
+
+
+def _median_ms(fn: Callable[[], object], reps: int) -> float:
+    for _ in range(min(10, reps)):
         fn()
     times = []
     for _ in range(reps):
@@ -44,36 +105,58 @@ def _median_ms(fn, reps: int) -> float:
     return float(np.median(times))
 
 
-def _row(name: str, policy, reps: int, tmp: Path) -> dict:
+def _randomise(policy: torch.nn.Module) -> None:
+    # An untrained output layer is zero (a constant chunk): give it weights so the parity check means something.
+    for name, q in policy.named_parameters():
+        if not name.startswith("encoder.text_encoder.") and not q.any():
+            torch.nn.init.normal_(q, std=0.02)
+
+
+def _row(name: str, policy: torch.nn.Module, reps: int, tmp: Path) -> dict:
     policy.eval()
     report = export_onnx(policy, tmp / "p.onnx", batch_size=1)
-    planner = OnnxPlanner(tmp / "p.onnx", threads=1)
+    text = getattr(policy.encoder, "text_encoder", None)
+    planner = OnnxPlanner(tmp / "p.onnx", threads=1, text_encoder=text)
     feeds = example_inputs(input_spec(policy, 1))
-    obs = {k: torch.from_numpy(feeds[k]) for k in policy.chunk.obs_keys}
+    obs: dict = {k: torch.from_numpy(feeds[k]) for k in policy.chunk.obs_keys if k in feeds}
+    if text is not None:
+        obs["instruction"] = [INSTRUCTION]
+        feeds["instruction_tokens"], feeds["instruction_mask"] = planner.embed([INSTRUCTION])
     torch_ms = _median_ms(lambda: policy.predict_chunk(obs), reps)
     ort_ms = _median_ms(lambda: planner.run(feeds), reps)
+    planner_ms = _median_ms(lambda: planner(obs), reps)
+    side = json.loads(Path(f"{report.path}.json").read_text())
+    params = sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("encoder.text_encoder."))
     return {
         "policy": name,
-        "ddim_steps": policy.sampler.num_steps,
-        "params": sum(p.numel() for p in policy.parameters()),
+        "kind": policy.name,
+        "params": params,
         "torch_ms": torch_ms,
         "onnxruntime_ms": ort_ms,
+        "planner_ms": planner_ms,
         "speedup": torch_ms / ort_ms,
         "max_abs_diff": report.max_abs_diff,
         "onnx_mb": report.file_mb,
+        "n_ops": sum(report.ops.values()),
+        "ascend_ok": side["ascend_atc"]["ok"],
     }
 
 
 @dataclass
 class Args:
     checkpoints: list[Path] = field(default_factory=list)
-    """trained diffusion checkpoints instead"""
+    """trained checkpoints instead of the random-weight cases"""
+    cases: list[str] = field(default_factory=list)
+    """rows to run, by name (default: all); see CASES in this file"""
     reps: int = 200
     """timed calls per measurement"""
 
 
 def main() -> None:
-    args = parse_args(Args, __doc__, allow_empty=("checkpoints",))
+    args = parse_args(Args, __doc__, allow_empty=("checkpoints", "cases"))
+    unknown = [c for c in args.cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"--cases: got {unknown[0]!r}; allowed: {', '.join(CASES)}")
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as d:
@@ -84,29 +167,30 @@ def main() -> None:
                 rows.append(_row(str(ckpt), policy, args.reps, tmp))
                 print(rows[-1], flush=True)
         else:
-            for name, denoiser, kwargs, steps in CASES:
-                for s in steps:
-                    torch.manual_seed(0)
-                    cfg = DiffusionPolicyConfig(
-                        denoiser=denoiser, denoiser_kwargs=kwargs, prediction_type="sample", num_inference_steps=s
-                    )
-                    policy = build_policy(
-                        "diffusion", ChunkConfig(obs_keys=("state",)), cfg, {"state": STATE_DIM}, ACTION_DIM
-                    )
-                    # An untrained head is zero (a constant chunk): give it weights so the parity check means something.
-                    for q in policy.denoiser.parameters():
-                        if not q.any():
-                            torch.nn.init.normal_(q, std=0.02)
-                    rows.append(_row(name, policy, args.reps, tmp))
-                    print(rows[-1], flush=True)
+            for name in args.cases or list(CASES):
+                if "student" in name and "student" not in POLICIES:
+                    print(f"skip {name}: no student policy in this checkout", flush=True)
+                    continue
+                torch.manual_seed(0)
+                policy = CASES[name]()
+                _randomise(policy)
+                rows.append(_row(name, policy, args.reps, tmp))
+                print(rows[-1], flush=True)
+    command = "python benchmarks/export_latency.py"
+    if args.checkpoints:
+        command += " --checkpoints " + " ".join(map(str, args.checkpoints))
+    if args.cases:
+        command += " --cases " + " ".join(f"'{c}'" for c in args.cases)
+    if args.reps != 200:
+        command += f" --reps {args.reps}"
     meta = {
         **machine(),
-        "command": "python benchmarks/export_latency.py"
-        + (" --checkpoints " + " ".join(map(str, args.checkpoints)) if args.checkpoints else ""),
+        "command": command,
         "threads": 1,
         "batch": 1,
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),  # other jobs on the machine inflate timings
         "onnxruntime": __import__("onnxruntime").__version__,
-        "weights": "trained checkpoints" if args.checkpoints else "random (MultiPathGrasp state-policy shapes)",
+        "weights": "trained checkpoints" if args.checkpoints else "random (MultiPathGrasp shapes; multimodal preset)",
     }
     write_results("export_latency", rows, meta, list(rows[0]))
 
