@@ -59,6 +59,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
     from dmrl.serve.cli import ServeConfig, run_serve
     from dmrl.train.compare import CompareConfig, DemoConfig, run_compare, run_demo
     from dmrl.train.config import TrainConfig
+    from dmrl.train.distill import DistillCommandConfig, run_distill
 
     return {
         "collect": (CollectConfig, _run_collect, "roll out the scripted expert into an episode store"),
@@ -69,6 +70,7 @@ def _commands() -> dict[str, tuple[type, object, str]]:
             _run_train,
             "train a policy: behaviour cloning, offline or online RL (--policy.type, --algo.type, --source.type)",
         ),
+        "distill": (DistillCommandConfig, run_distill, "a one- or two-step student of a diffusion checkpoint"),
         "eval": (EvalConfig, run_eval, "closed-loop evaluation of a checkpoint on fixed seeds"),
         "compare": (CompareConfig, run_compare, "train MLP, VAE and diffusion on one dataset and compare them"),
         "export": (ExportConfig, run_export, "a diffusion checkpoint's chunk planner as a checked ONNX graph"),

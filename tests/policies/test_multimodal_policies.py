@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+from teachers import student_config, with_teacher
 
 from dmrl.data import Normalizer
 from dmrl.models import (
@@ -63,6 +64,8 @@ def tiny_config(name: str, denoiser: str = "transformer"):
         return DiffusionPolicyConfig(denoiser=denoiser, denoiser_kwargs=kw, num_train_steps=10, num_inference_steps=2)
     if name == "gaussian":
         return GaussianPolicyConfig(hidden=32, depth=1)
+    if name == "student":
+        return student_config(**DENOISER_KW[denoiser])
     return VAEPolicyConfig(hidden=32, depth=1, latent_dim=4)
 
 
@@ -84,7 +87,9 @@ def make(name: str, denoiser: str | None, text=None, keys=ALL, norm=None, **mult
     torch.manual_seed(0)
     chunk = tiny_chunk(keys, **multimodal)
     te = text if "instruction" in keys else None
-    return build_policy(name, chunk, tiny_config(name, denoiser or "mlp"), DIMS, DA, norm, text_encoder=te)
+    return with_teacher(
+        build_policy(name, chunk, tiny_config(name, denoiser or "mlp"), DIMS, DA, norm, text_encoder=te)
+    )
 
 
 def obs_batch(b: int = B, seed: int = 0, keys=ALL) -> dict:
@@ -282,7 +287,7 @@ def aux_policy(name: str, text, weight: float = 1.0, keys=ALL):
     torch.manual_seed(0)
     chunk = dataclasses.replace(tiny_chunk(keys), aux_state=(4, 0, 2), aux_weight=weight)
     te = text if "instruction" in keys else None
-    policy = build_policy(name, chunk, tiny_config(name, "mlp"), DIMS, DA, norm, text_encoder=te)
+    policy = with_teacher(build_policy(name, chunk, tiny_config(name, "mlp"), DIMS, DA, norm, text_encoder=te))
     b = batch(keys=keys)
     b["obs"]["state"] = torch.randn(B, TO, 5)
     return policy, b

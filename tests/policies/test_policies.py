@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from teachers import with_teacher
 
 from dmrl.data import Normalizer
 from dmrl.policies import POLICIES, ChunkConfig, build_policy
@@ -32,7 +33,7 @@ def _one_thread():
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_contract_shapes_and_gradients(name):
-    policy = build_policy(name, ChunkConfig(), POLICIES[name][1](), OBS, 3)
+    policy = with_teacher(build_policy(name, ChunkConfig(), POLICIES[name][1](), OBS, 3))
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     for _ in range(2):  # the diffusion denoiser's output layer starts at zero: one step opens the path
         out = policy.loss(_batch())

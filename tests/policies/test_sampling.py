@@ -44,7 +44,7 @@ def test_every_grad_steps_gives_the_samplers_chunk_bit_for_bit(eta, prediction_t
     cond = _cond(policy)
     with torch.no_grad():  # the reference: the sampler's own loop, as predict_chunk ran it before sample_chunk
         expected = policy.sampler.sample(
-            policy._denoise_fn(cond), (3, 8, 3), generator=torch.Generator().manual_seed(7), device=cond.device
+            policy.denoise_fn(cond), (3, 8, 3), generator=torch.Generator().manual_seed(7), device=cond.device
         )
     got = policy.sample_chunk(cond, grad_steps=k, generator=torch.Generator().manual_seed(7))
     assert torch.equal(got, expected)
@@ -52,7 +52,7 @@ def test_every_grad_steps_gives_the_samplers_chunk_bit_for_bit(eta, prediction_t
     # torch's global RNG, as predict_chunk draws: the same stream in the same order.
     torch.manual_seed(3)
     with torch.no_grad():
-        expected = policy.sampler.sample(policy._denoise_fn(cond), (3, 8, 3), device=cond.device)
+        expected = policy.sampler.sample(policy.denoise_fn(cond), (3, 8, 3), device=cond.device)
     torch.manual_seed(3)
     assert torch.equal(policy.sample_chunk(cond, grad_steps=k), expected)
 
@@ -62,7 +62,7 @@ def test_passed_in_noise_gives_the_samplers_chunk():
     cond = _cond(policy, 2)
     init, steps = torch.randn(2, 8, 3), torch.randn(S, 2, 8, 3)
     with torch.no_grad():
-        expected = policy.sampler.sample(policy._denoise_fn(cond), (2, 8, 3), init_noise=init, step_noise=steps)
+        expected = policy.sampler.sample(policy.denoise_fn(cond), (2, 8, 3), init_noise=init, step_noise=steps)
     assert torch.equal(policy.sample_chunk(cond, grad_steps=2, init_noise=init, step_noise=steps), expected)
 
 

@@ -4,6 +4,7 @@ from dmrl.algos.bc import BC, BCConfig
 from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
 from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
+from dmrl.algos.distill import Distill, DistillConfig
 from dmrl.algos.fql import FQL, FQLConfig, OneStepPolicy
 from dmrl.algos.iql import IDQL, IDQLConfig
 from dmrl.algos.qc import QC, QCConfig
@@ -17,6 +18,7 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "qc": (QC, QCConfig, "diffusion"),
     "idql": (IDQL, IDQLConfig, "diffusion"),
     "fql": (FQL, FQLConfig, "diffusion"),
+    "distill": (Distill, DistillConfig, "student"),
 }
 
 
@@ -48,6 +50,8 @@ __all__ = [
     "CriticRankedPolicy",
     "DiffusionQL",
     "DiffusionQLConfig",
+    "Distill",
+    "DistillConfig",
     "FQLConfig",
     "IDQLConfig",
     "OneStepPolicy",

@@ -3,6 +3,7 @@
 from dmrl.policies.base import ChunkConfig, ChunkPolicy, NormalizerModule
 from dmrl.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from dmrl.policies.gaussian import GaussianPolicy, GaussianPolicyConfig
+from dmrl.policies.student import StudentPolicy, StudentPolicyConfig
 from dmrl.policies.vae import VAEPolicy, VAEPolicyConfig
 
 #: name -> (policy class, its config dataclass); a plain dict, no class lookup by string rewriting.
@@ -10,6 +11,7 @@ POLICIES: dict[str, tuple[type[ChunkPolicy], type]] = {
     "diffusion": (DiffusionPolicy, DiffusionPolicyConfig),
     "gaussian": (GaussianPolicy, GaussianPolicyConfig),
     "vae": (VAEPolicy, VAEPolicyConfig),
+    "student": (StudentPolicy, StudentPolicyConfig),
 }
 
 
@@ -53,6 +55,8 @@ __all__ = [
     "GaussianPolicy",
     "GaussianPolicyConfig",
     "NormalizerModule",
+    "StudentPolicy",
+    "StudentPolicyConfig",
     "VAEPolicy",
     "VAEPolicyConfig",
     "build_policy",

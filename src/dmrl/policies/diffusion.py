@@ -186,7 +186,7 @@ class DiffusionPolicy(ChunkPolicy):
             return enc.tokens, enc.mask
         return enc.pooled, None
 
-    def _denoise_fn(self, cond: Tensor, cond_mask: Tensor | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+    def denoise_fn(self, cond: Tensor, cond_mask: Tensor | None = None) -> Callable[[Tensor, Tensor], Tensor]:
         """denoise_fn(x_t (B, Tp, Da), t (B,)) -> what the sampler reads, with the configured sampling head."""
         if self._head == "blend":
             return lambda x, t: self._blended_eps(x, t, cond, cond_mask)
@@ -218,7 +218,7 @@ class DiffusionPolicy(ChunkPolicy):
         if not 0 <= grad_steps <= n:
             raise ValueError(f"sample_chunk grad_steps: got {grad_steps}; allowed 0..S={n} (S: DDIM steps)")
         shape = (cond.shape[0], self.chunk.horizon, self.action_dim)
-        denoise = self._denoise_fn(cond, cond_mask)
+        denoise = self.denoise_fn(cond, cond_mask)
         # 1. Start from pure noise x_T ~ N(0, I), drawn where the generator lives: a CPU generator then gives the
         #    same chunk on any device.
         if init_noise is None:
