@@ -127,9 +127,12 @@ def _row(name: str, policy: torch.nn.Module, reps: int, tmp: Path) -> dict:
     planner_ms = _median_ms(lambda: planner(obs), reps)
     side = json.loads(Path(f"{report.path}.json").read_text())
     params = sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("encoder.text_encoder."))
+    sampler = getattr(policy, "sampler", None)
+    calls = sampler.num_steps if sampler is not None else len(getattr(policy, "starts", (0,)))
     return {
         "policy": name,
         "kind": policy.name,
+        "network_calls": calls,  # DDIM steps, the student's calls, 1 for the one-shot heads
         "params": params,
         "torch_ms": torch_ms,
         "onnxruntime_ms": ort_ms,
