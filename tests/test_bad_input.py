@@ -45,7 +45,7 @@ TRAIN_VARIANTS: list[tuple[str, list[str], str]] = [
 ]
 
 # Flags that take any string (a name): no value of theirs is invalid, so none is generated.
-FREE_TEXT: dict[str, str] = {}
+FREE_TEXT: dict[str, str] = {"--host": "serve's interface: a host name or address, checked when it binds"}
 
 # (command, flag, value) that are valid although the generator makes them: a documented meaning. The command is
 # the base one ("train" covers its variants too).
@@ -58,6 +58,9 @@ ACCEPTED: dict[tuple[str, str, str], str] = {
     ("train", "--algo.warmup-steps", "0"): "0: no warm-up",
     ("compare", "--train.warmup-steps", "0"): "0: no warm-up",
     ("train", "--engine.save-every", "0"): "0: no intermediate training states",
+    ("distill", "--engine.save-every", "0"): "0: no intermediate training states",
+    ("distill", "--warmup-steps", "0"): "0: no warm-up",
+    ("serve", "--port", "0"): "0: any free port",
     ("compare", "--train.engine.save-every", "0"): "0: no intermediate training states",
     ("train", "--policy.min-log-std", "-1"): "a log standard deviation may be negative",
     ("train", "--policy.max-log-std", "-1"): "a log standard deviation may be negative",
@@ -165,6 +168,14 @@ def _base(command: str, store: Path) -> dict[str, tuple[str, ...]]:
         "export": {"--checkpoint": (str(CHECKPOINT),), "--out": ("p.onnx",)},
         "compare": {"--dataset": (str(store),), "--out": ("cmp",), "--parallel": ("1",), "--gifs": ()},
         "demo": {"--out": ("demo",)},
+        "distill": {
+            "--teacher": (str(CHECKPOINT),),
+            "--dataset": (str(store),),
+            "--out": ("st",),
+            "--steps": ("2",),
+            "--batch-size": ("4",),
+        },
+        "serve": {"--checkpoint": (str(CHECKPOINT),), "--port": ("0",)},
     }[command]
 
 
@@ -199,7 +210,7 @@ def all_cases(store: Path) -> list[Case]:
 
     commands = _commands()
     cases: list[Case] = []
-    for command in ("collect", "info", "eval", "export", "compare"):
+    for command in ("collect", "info", "eval", "export", "compare", "distill", "serve"):
         cls = commands[command][0]
         cfg = _instance(cls)
         cases += _config_cases(command, cfg, [], "", store)
@@ -243,6 +254,7 @@ def _work_stubs() -> list[typing.Any]:
         mock.patch("dmrl.train.compare._train_one", stop),  # compare, --parallel 1
         mock.patch.object(concurrent.futures, "ProcessPoolExecutor", stop),  # compare, --parallel > 1
         mock.patch("dmrl.train.compare._scene_frames", stop),  # demo
+        mock.patch("dmrl.serve.server.PolicyServer.start", stop),  # serve: binding the port
     ]
 
 
@@ -326,7 +338,7 @@ def prepare_workdir(workdir: Path) -> None:
 def controls(store: Path) -> list[Case]:
     """Each command's base argv with nothing bad: it must reach its work (else the table proves nothing)."""
     out = []
-    for command in ("collect", "info", "eval", "export", "compare", "demo"):
+    for command in ("collect", "info", "eval", "export", "compare", "demo", "distill", "serve"):
         base = _base(command, store)
         argv = [command] + [w for f, words in base.items() for w in ([f, *words] if f != "PATH" else words)]
         out.append(Case(command, "", (), tuple(argv)))
@@ -355,7 +367,7 @@ def fixture_store(tmp_path_factory) -> Path:
     return make_store(tmp_path_factory.mktemp("bad_input_store") / "data.zarr")
 
 
-COMMANDS = ["collect", "info", "train", "eval", "compare", "export", "demo"]
+COMMANDS = ["collect", "info", "train", "eval", "compare", "export", "demo", "distill", "serve"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
