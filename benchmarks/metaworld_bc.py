@@ -7,7 +7,7 @@ at any step of a 200-step episode), and both scores: the mean of the 5 best poin
 optimistic) and the final point. Published numbers (their Table I/XVIII, Meta-World v2) are listed beside ours
 (v3 on MuJoCo 4): compare in protocol, not to the decimal.
 
-Run: ``python benchmarks/metaworld_bc.py --tasks button-press-v3 --seeds 0 --steps 600 --curve-every 150``.
+Run: ``python benchmarks/metaworld_bc.py --tasks button-press-v3 --seeds 0 --steps 300 --curve-every 100``.
 Defaults are a small run (one easy task, one seed, a short budget): the result is labelled ``small run`` and is
 no reproduction of the paper's budget (3000 epochs on a GPU). Writes benchmarks/results/metaworld_bc.json / .md
 (the issue's final table is ``metaworld.json``, not written here). Runs live in outputs/metaworld_bc/.
@@ -44,13 +44,13 @@ class Args:
     """Training seeds (the protocol: 3)."""
     demos: int = 10
     """Scripted demonstrations per task."""
-    steps: int = 600
+    steps: int = 300
     """Training steps per run."""
-    curve_every: int = 150
+    curve_every: int = 100
     """Steps between evaluation points."""
     curve_episodes: int = 20
     """Evaluation episodes per point."""
-    batch_size: int = 32
+    batch_size: int = 16
     """Training batch size."""
     label: str = "small run"
     """Written beside every row: what budget this is."""
