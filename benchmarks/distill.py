@@ -1,11 +1,11 @@
 """Distillation of the state diffusion policy (MultiPathGrasp) into a one- and a two-step student.
 
-Run: ``python benchmarks/distill.py`` (collects the store and trains the teachers when absent; about 20 minutes
-per training seed on 2 cores). For each training seed: the teacher (DDIM-10, configs/grasp_diffusion_state.yaml), the
-teacher run with one DDIM step (the same network without distillation, the baseline a student must beat), and the
-students (``dmrl distill``, one and two steps); each evaluated on the same seeds (100000..) with success, routes
-and collisions, the chunk latency at batch 1 on one thread (torch), and the distillation's wall time against the
-teacher's. Writes benchmarks/results/distill.json and .md.
+Run: ``python benchmarks/distill.py`` (collects the store and trains the teachers when absent). For each training
+seed: the teacher (DDIM-10, configs/grasp_diffusion_state.yaml); the teacher run with one and two DDIM steps (the
+same network without distillation: the baselines a student must beat); the students (``dmrl distill``, one and two
+steps). Each is evaluated on the same seeds (100000..): success, routes, collisions, and the decision latency at
+batch 1 on one thread (torch and onnxruntime). The cost of distillation is timed against the teacher's training.
+Writes benchmarks/results/student.json and .md.
 """
 
 from __future__ import annotations
@@ -41,24 +41,57 @@ class Args:
     """Evaluation episodes per policy, seeds 100000.."""
     eval_envs: int = 2
     """Evaluation env processes."""
+    cost_steps: int = 200
+    """Steps of the back-to-back timing of teacher training and distillation (0: skip it)."""
 
 
-def chunk_ms(policy, reps: int = 200) -> float:
-    """Median ms of predict_chunk at batch 1 on one thread."""
+def decision_ms(planner, policy, reps: int = 200) -> float:
+    """Median ms of one plan (a chunk from To frames) at batch 1 on one thread."""
     obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, int(policy.obs_dims["state"]))}
     times = []
     for i in range(reps + 20):
         t = time.perf_counter()
-        policy.predict_chunk(obs)
+        planner(obs)
         if i >= 20:
             times.append((time.perf_counter() - t) * 1e3)
     return float(np.median(times))
 
 
+def latencies(policy) -> dict[str, float]:
+    """Decision latency in eager torch and in onnxruntime (the exported graph, checked against torch)."""
+    import tempfile
+
+    from dmrl.export import OnnxPlanner, export_onnx
+
+    torch.set_num_threads(1)
+    out = {"decision_ms_torch": decision_ms(policy.predict_chunk, policy)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "p.onnx"
+        export_onnx(policy, path)
+        out["decision_ms_onnxruntime"] = decision_ms(OnnxPlanner(path, threads=1), policy)
+    return out
+
+
+def step_seconds(args: Args, store: Path, teacher: Path, student_steps: int) -> tuple[float, float]:
+    """Seconds per step of the teacher's training and of a distillation, timed back to back in this process
+    (``cost_steps`` each, one after the other, so both see the same machine)."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t_run, s_run = Path(tmp) / "t", Path(tmp) / "s"
+        argv = ["train", "--config", "configs/grasp_diffusion_state.yaml", "--dataset", str(store), "--out", str(t_run)]
+        assert dmrl([*argv, "--steps", str(args.cost_steps), "--eval-episodes", "0"]) == 0
+        argv = ["distill", "--teacher", str(teacher), "--out", str(s_run), "--steps", str(args.cost_steps)]
+        assert dmrl([*argv, "--student-steps", str(student_steps)]) == 0
+        per = [json.loads((r / "summary.json").read_text())["train_seconds"] / args.cost_steps for r in (t_run, s_run)]
+        shutil.rmtree(tmp, ignore_errors=True)
+    return per[0], per[1]
+
+
 def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra) -> dict:
     seeds = list(range(100_000, 100_000 + args.eval_episodes))
     result = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs).summary()
-    torch.set_num_threads(1)
     out = {
         "policy": name,
         "seed": seed,
@@ -69,7 +102,7 @@ def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra
         "route_left": result["route_left"],
         "route_right": result["route_right"],
         "collision_rate": result["collision_rate"],
-        "chunk_ms_torch": chunk_ms(policy),
+        **latencies(policy),
         **extra,
     }
     print(json.dumps(out), flush=True)
@@ -99,29 +132,34 @@ def main() -> None:
         teacher, meta = load_policy(run / "checkpoint")
         env = (meta["env_id"], meta["env_kwargs"])
         teacher_s = meta["train_seconds"]
-        rows.append(row("teacher DDIM-10", seed, teacher, env, args, train_seconds=teacher_s))
-        teacher.set_sampler(1)
-        rows.append(row("teacher DDIM-1 (no distillation)", seed, teacher, env, args))
+        rows.append(row(f"teacher DDIM-{teacher.sampler.num_steps}", seed, teacher, env, args, train_seconds=teacher_s))
+        teacher_success = {"teacher_success_rate": rows[-1]["success_rate"]}
+        for n in sorted(set(args.student_steps)):  # the same network with as many calls, without distillation
+            teacher.set_sampler(n)
+            rows.append(row(f"teacher DDIM-{n} (no distillation)", seed, teacher, env, args, **teacher_success))
         for steps in args.student_steps:
             srun = args.out / f"student{steps}_s{args.distill_steps}_seed{seed}"
             if not (srun / "checkpoint").exists():
                 argv = ["distill", "--teacher", str(run / "checkpoint"), "--out", str(srun), "--seed", str(seed)]
                 assert dmrl([*argv, "--steps", str(args.distill_steps), "--student-steps", str(steps)]) == 0
             student, smeta = load_policy(srun / "checkpoint")
-            s = smeta["train_seconds"]
-            rows.append(
-                row(f"student {steps}-step", seed, student, env, args, train_seconds=s, cost_vs_teacher=s / teacher_s)
-            )
+            extra = {**teacher_success, "train_seconds": smeta["train_seconds"]}
+            if args.cost_steps and seed == args.seeds[0]:
+                t_step, s_step = step_seconds(args, store, run / "checkpoint", steps)
+                teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
+                extra["cost_vs_teacher"] = (s_step * args.distill_steps) / (t_step * teacher_steps)
+            rows.append(row(f"student {steps}-step", seed, student, env, args, **extra))
     meta = {
         **machine(),
         "command": " ".join(["python benchmarks/distill.py", *sys.argv[1:]]),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "note": "train_seconds are wall times on 2 shared cores (other jobs ran beside some of them); "
-        "chunk_ms_torch: predict_chunk at batch 1, one thread, eager torch",
+        "note": "train_seconds: the runs' wall times on 2 cores (other jobs ran beside some of them); cost_vs_teacher: "
+        "distill_steps x seconds per distillation step / (teacher steps x seconds per teacher step), both timed back "
+        "to back over cost_steps steps; chunk_ms_torch: predict_chunk at batch 1, one thread, eager torch",
     }
     columns = ["policy", "seed", "episodes", "success_rate", "ci_low", "ci_high", "route_left", "route_right"]
-    columns += ["collision_rate", "chunk_ms_torch", "train_seconds", "cost_vs_teacher"]
-    write_results("distill", rows, meta, columns)
+    columns += ["collision_rate", "teacher_success_rate", "decision_ms_torch", "decision_ms_onnxruntime"]
+    write_results("student", rows, meta, [*columns, "train_seconds", "cost_vs_teacher"])
 
 
 if __name__ == "__main__":
