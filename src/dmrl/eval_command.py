@@ -82,6 +82,9 @@ def run_eval(cfg: EvalConfig) -> dict:
     if cfg.onnx is not None:
         from dmrl.export import OnnxPlanner
 
+        if cfg.drop_modality:
+            raise ValueError("--drop-modality with --onnx: the exported graph reads every modality; evaluate in torch")
+
         # A graph that reads an instruction takes its embedding: the checkpoint's LanguageEncoder makes it.
         text = getattr(policy.encoder, "text_encoder", None)
         policy.set_planner(OnnxPlanner(cfg.onnx, threads=cfg.cpu_threads, text_encoder=text))

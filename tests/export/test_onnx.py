@@ -163,6 +163,8 @@ def test_cli_export_then_eval_on_onnxruntime(exported, capsys):
     assert len(err.splitlines()) == 1 and "missing config.json" in err
     assert main(["export", "--checkpoint", str(ckpt), "--out", str(ckpt / "x.txt")]) == 2
     assert not (ckpt / "x.txt").exists()
+    assert main([*args, "--drop-modality", "state", "--out", str(ckpt.parent / "drop")]) == 2
+    assert "--drop-modality with --onnx" in capsys.readouterr().err and not (ckpt.parent / "drop").exists()
 
 
 def test_planner_embeds_each_instruction_once_and_acts_on_env_steps(exported):

@@ -62,6 +62,7 @@ class _Rewriter:
         self.types = _types(model)
         self.constants = _constants(model)
         self.count = 0
+        self.kernels2d: dict[str, str] = {}
 
     def constant(self, value: np.ndarray, hint: str) -> str:
         from onnx import numpy_helper
@@ -150,8 +151,10 @@ class _Rewriter:
         shape_x, shape_y = self.shapes.get(x), self.shapes.get(node.output[0])
         if shape_x is None or len(shape_x) != 3 or shape_y is None or w not in self.constants:
             return None
-        kernel = self.constants[w]
-        w2 = self.constant(kernel.reshape(kernel.shape[0], kernel.shape[1], 1, kernel.shape[2]), "kernel2d")
+        if w not in self.kernels2d:  # one 2-D copy per weight, however many unrolled steps share it
+            kernel = self.constants[w]
+            self.kernels2d[w] = self.constant(kernel.reshape(*kernel.shape[:2], 1, kernel.shape[2]), "kernel2d")
+        w2 = self.kernels2d[w]
         x2 = self.constant(np.array([shape_x[0], shape_x[1], 1, shape_x[2]], dtype=np.int64), "shape")
         back = self.constant(np.array(shape_y, dtype=np.int64), "shape")
         attrs = {}
@@ -203,5 +206,10 @@ def ascend_rewrites(path: str) -> dict[str, int]:
         done[node.op_type] += 1
     del model.graph.node[:]
     model.graph.node.extend(nodes)
+    # Drop initializers no node reads any more (the 1-D kernels, Unsqueeze's axes): they would only bloat the file.
+    used = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    kept = [init for init in model.graph.initializer if init.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
     onnx.save(model, path)
     return {k: v for k, v in done.items() if v}
