@@ -37,6 +37,7 @@ POLICY_TYPES: Mapping[str, type] = _ConfigClasses(POLICIES)
 ALGO_TYPES: Mapping[str, type] = _ConfigClasses(ALGOS)
 SELF_IMITATING = ("diffusion-ql", "qc", "idql", "fql")  # algorithms whose BC term reads batch["bc"] (bc_data successes)
 BC_DATA = ("replay", "successes")
+BACKENDS = ("process", "ray")  # --source.backend: where online collectors run
 
 
 @dataclasses.dataclass
@@ -101,6 +102,10 @@ class OnlineConfig:
     bc_data: str = "replay"
     """BC term's data: replay or successes (self-imitation)."""
     replay: ReplayConfig = dataclasses.field(default_factory=lambda: ReplayConfig(capacity=100_000))
+    backend: str = "process"
+    """Where collectors and the evaluator run: process (children of the learner) or ray (Ray actors; docs/ray.md)."""
+    ray_address: str = ""
+    """Ray cluster to join (host:port of `ray start --head`, or auto); empty: a local one on this machine."""
 
     def offline_items(self, batch_size: int) -> int:
         """How many of a batch's ``batch_size`` items come from the dataset (offline_share of them, rounded)."""
@@ -109,6 +114,10 @@ class OnlineConfig:
     def __post_init__(self) -> None:
         if self.bc_data not in BC_DATA:
             raise ValueError(f"--source.bc-data: got {self.bc_data!r}; allowed: {', '.join(BC_DATA)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--source.backend: got {self.backend!r}; allowed: {', '.join(BACKENDS)}")
+        if self.ray_address and self.backend != "ray":
+            raise ValueError(f"--source.ray-address {self.ray_address} needs --source.backend ray")
         if self.n_collectors < 1 or self.envs_per_collector < 1 or self.publish_every < 1:
             raise ValueError(
                 f"online: need n_collectors, envs_per_collector, publish_every >= 1; got {self.n_collectors}, "

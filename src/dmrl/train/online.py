@@ -162,6 +162,7 @@ class OnlineSource:
         self.resume_dir: Path | None = None
         self.pending: list[dict] = []  # records for the next events() call (replay_restored)
         self.halted = self.closed = False
+        self.ray = False  # whether start() started Ray (the ray backend), so close() shuts it down
 
     def restore(self, state_dir: Path) -> None:
         """--resume: start() fills the rings from this training state's replay files (when it has them)."""
@@ -201,6 +202,15 @@ class OnlineSource:
                          prefill_replay(self.good, wins), len(won))  # fmt: skip
         ctx = self.ctx
         env_steps = self.env_steps0 = int(restored["env_steps"]) if restored else 0
+        if oc.backend == "ray":  # collectors and evaluator as Ray actors (dmrl.train.ray_workers)
+            from dmrl.train.ray_workers import start_ray
+
+            rings = (self.buf, self.good)
+            self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+            self.ray, self.board, self.env_steps, self.collectors, self.evaluator = start_ray(
+                cfg, actor_cpu, self.env_id, self.env_kwargs, rings, env_steps
+            )
+            return
         self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), StopFlag(ctx), StepCounter(ctx, env_steps)
         good = self.good
         args = lambda i, seed: (  # noqa: E731
@@ -221,6 +231,8 @@ class OnlineSource:
     def _write_children(self) -> None:
         """<out>/children.json: the pids of the children now (see the module doc)."""
         assert self.collectors is not None
+        if self.oc.backend == "ray":  # actors have no pids of this learner's children
+            return
         ev = self.evaluator.proc.pid if self.evaluator is not None else None
         try:
             write_children(Path(self.cfg.out) / "children.json", self.collectors.pids, ev)
@@ -289,7 +301,8 @@ class OnlineSource:
                 records.append({"eval_env_steps": self.snapshot_env_steps.pop(rec["update"], None), **rec})
         if self.hook is not None:
             self.hook({"update": step, "collector_pids": self.collectors.pids, "replay": self.buf,
-                       "successes": self.good, "evaluator_pid": ev.proc.pid if ev else None})  # fmt: skip
+                       "collectors": self.collectors, "successes": self.good,
+                       "evaluator_pid": ev.proc.pid if ev else None})  # fmt: skip
         return records
 
     def next_batch(self, step: int) -> dict | None:
@@ -363,12 +376,16 @@ class OnlineSource:
             return
         self.halted = True
         ev = self.evaluator
-        procs = [*(self.collectors.procs if self.collectors else []), *([ev.proc] if ev else [])]
-        if self.stop is not None:
+        if self.oc.backend == "ray":  # actors killed; the rings are the learner's own
+            for actors in (self.collectors, ev):
+                if actors is not None:
+                    actors.stop()
+        elif self.stop is not None:
+            procs = [*(self.collectors.procs if self.collectors else []), *([ev.proc] if ev else [])]
             stop_children(procs, self.stop)
             (Path(self.cfg.out) / "children.json").unlink(missing_ok=True)
-        if ev is not None:
-            close_queues(ev.inbox, ev.outbox)
+            if ev is not None:
+                close_queues(ev.inbox, ev.outbox)
         if self.old_term is not None:
             signal.signal(signal.SIGTERM, self.old_term)
 
@@ -388,6 +405,10 @@ class OnlineSource:
                 ring.unlink()
         if self.demos is not None:
             self.demos.close()
+        if self.ray:
+            import ray
+
+            ray.shutdown()
 
 
 def _cpu_copy(policy: Any) -> Any:
