@@ -342,10 +342,10 @@ def experts_table(res: Results, prefix: str) -> str:
 
 def export_table(res: Results, prefix: str) -> str:
     rows = [
-        [r["policy"], str(r["ddim_steps"]), sig(r["torch_ms"]), sig(r["onnxruntime_ms"]), f"{r['max_abs_diff']:.0e}"]
+        [r["policy"], str(r["network_calls"]), sig(r["torch_ms"]), sig(r["onnxruntime_ms"]), f"{r['max_abs_diff']:.0e}"]
         for r in res.rows("export_latency")
     ]
-    header = ["denoiser", "DDIM steps", "torch ms", "onnxruntime ms", "max abs diff"]
+    header = ["policy", "network calls", "torch ms", "onnxruntime ms", "max abs diff"]
     return table(header, rows) + f"\n\nFile: {link(prefix, 'export_latency')}."
 
 
