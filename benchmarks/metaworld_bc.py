@@ -67,7 +67,7 @@ def run(task: str, seed: int, a: Args) -> dict:
     argv += ["--steps", str(a.steps), "--batch-size", str(a.batch_size), "--chunk.obs-keys", "rgb", "joints"]
     argv += ["--chunk.encoder.type", "multimodal", "--chunk.encoder.rgb-encoder", "resnet"]
     argv += ["--source.curve-every", str(a.curve_every), "--source.curve-episodes", str(a.curve_episodes)]
-    argv += ["--eval-envs", "2"]
+    argv += ["--eval-envs", "2", "--source.val-fraction", "0"]  # all demos train (the default holds 5% out)
     t = time.perf_counter()
     assert dmrl(argv) == 0
     minutes = (time.perf_counter() - t) / 60
