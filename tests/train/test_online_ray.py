@@ -52,7 +52,7 @@ def _metrics(run) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_two_collector_actors_fill_the_replay_and_the_evaluator_scores(tmp_path, cluster, dataset):
+def test_two_collector_actors_fill_the_replay(tmp_path, cluster, dataset):
     seen = {}
     deadline = time.monotonic() + 30
 
@@ -60,17 +60,19 @@ def test_two_collector_actors_fill_the_replay_and_the_evaluator_scores(tmp_path,
         while info["update"] >= 4 and not _both(_episodes(info["replay"])) and time.monotonic() < deadline:
             time.sleep(0.2)  # hold the learner until both actors' first batches are in (a slow start on 2 cores)
             assert not info["collectors"].restart_dead()  # takes batches in; no restart events to lose here
-        seen["episodes"] = _episodes(info["replay"])
+        seen["episodes"], seen["actors"] = _episodes(info["replay"]), info["collectors"].actors
 
-    source = {**RAY, "n_collectors": 2, "eval_every": 3, "eval_episodes": 1}
+    source = {**RAY, "n_collectors": 2}
     summary = train(_cfg(dataset, tmp_path / "run", steps=8, source=source), progress=False, hook=hook)
     assert summary["train_steps"] == 8 and summary["env_steps"] > 0 and summary["collector_restarts"] == 0
     assert _both(seen["episodes"]), np.unique(seen["episodes"])
     assert any(x.get("critic_loss") is not None for x in _metrics(tmp_path / "run"))
-    assert not ray.util.list_named_actors()  # nothing left registered
+    for actor in seen["actors"]:  # the run killed its actors
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.collect.remote(0, 0, [None]), timeout=30)
 
 
-def test_killed_collector_actor_is_restarted_and_the_run_completes(tmp_path, cluster, dataset):
+def test_killed_collector_actor_is_restarted_the_run_completes_and_the_evaluator_scores(tmp_path, cluster, dataset):
     killed, deadline = [], time.monotonic() + 30
 
     def hook(info):
@@ -79,14 +81,17 @@ def test_killed_collector_actor_is_restarted_and_the_run_completes(tmp_path, clu
             ray.kill(collectors.actors[0], no_restart=False)
             killed.append(time.monotonic())
         elif killed and not (_episodes(info["replay"]) >= 1_000_000).any() and time.monotonic() < deadline:
-            time.sleep(0.25)  # slow the learner until the restarted actor (its new seed: 1000) sent a batch
+            time.sleep(0.5)  # slow the learner until the restarted actor (its new seed: 1000) sent a batch
         seen["episodes"] = _episodes(info["replay"])
 
     seen = {}
-    summary = train(_cfg(dataset, tmp_path / "run", steps=120, source=RAY), progress=False, hook=hook)
-    assert killed and summary["train_steps"] == 120 and summary["collector_restarts"] == 1
+    source = {**RAY, "n_collectors": 1, "eval_every": 5, "eval_episodes": 1}
+    summary = train(_cfg(dataset, tmp_path / "run", steps=20, source=source), progress=False, hook=hook)
+    assert killed and summary["train_steps"] == 20 and summary["collector_restarts"] == 1
     assert (seen["episodes"] >= 1_000_000).any()  # the restarted actor collected with its new seed
-    assert any(x.get("collector_restart") == 0 for x in _metrics(tmp_path / "run"))
+    metrics = _metrics(tmp_path / "run")
+    assert any(x.get("collector_restart") == 0 for x in metrics)
+    assert any(0 <= x.get("eval_success", -1) <= 1 and x["eval_env_steps"] > 0 for x in metrics), metrics[-1]
 
 
 def _replay(run) -> dict[str, np.ndarray]:
@@ -111,3 +116,15 @@ def test_one_collector_collects_what_the_process_backend_collects(tmp_path, clus
     assert "obs.state" in keys and "action" in keys
     for k in keys:
         np.testing.assert_array_equal(a[k][:n], b[k][:n], err_msg=k)
+
+
+def test_backend_flags_are_checked_and_the_process_backend_needs_no_ray():
+    import subprocess
+    import sys
+
+    with pytest.raises(ValueError, match="--source.backend: got 'threads'; allowed: process, ray"):
+        merge(TrainConfig(), {"source": {"type": "online", "backend": "threads"}})
+    with pytest.raises(ValueError, match="--source.ray-address 10.0.0.1:6379 needs --source.backend ray"):
+        merge(TrainConfig(), {"source": {"type": "online", "ray_address": "10.0.0.1:6379"}})
+    code = "import sys, dmrl.train.online, dmrl.train.run; assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
