@@ -1,7 +1,11 @@
-"""Online Diffusion-QL throughput with 1 vs 2 collector processes on this machine: env steps/s collected and
-updates/s trained, measured over the training phase (after the replay holds learning_starts transitions).
+"""Online Diffusion-QL throughput with 1 vs 2 collectors on this machine, as processes (--source.backend process) and
+as Ray actors (ray): env steps/s collected and updates/s trained, measured over the training phase (after the replay
+holds learning_starts transitions). Ray rows add the learner's cost of taking the actors' batches in (ray.wait, get,
+replay add): per batch (one episode) and as a share of the training time; the process backend's collectors write the
+shared ring themselves.
 
-Run: ``python benchmarks/rl_throughput.py [--collectors 1 2] [--updates 300]`` with nothing else running.
+Run: ``python benchmarks/rl_throughput.py [--collectors 1 2] [--backends process ray] [--updates 300]`` with nothing
+else running.
 Writes benchmarks/results/rl_throughput.json and .md. Actor and critic settings: configs/rl_offline.yaml (the
 `mixed` dataset only shapes the actor and its normaliser; online training never reads its transitions).
 """
@@ -41,7 +45,9 @@ class Args:
     dataset: Path = mixed_path(REWARD_V1)  # its published numbers predate the reward fix (issue 27)
     """the mixed dataset (shapes the actor and its normaliser; made when missing)"""
     collectors: list[int] = field(default_factory=lambda: [1, 2])
-    """collector process counts to measure"""
+    """collector counts to measure"""
+    backends: list[Literal["process", "ray"]] = field(default_factory=lambda: ["process", "ray"])
+    """where collectors run (ray: a local Ray started by the run)"""
     updates: int = 300
     """updates per run"""
     algo: Literal["diffusion-ql", "td3-bc"] = "diffusion-ql"
@@ -56,28 +62,28 @@ def main() -> None:
 
     make_mixed(args.dataset, reward=REWARD_V1)
     rows = []
-    for n in args.collectors:
+    for backend, n in [(b, n) for b in args.backends for n in args.collectors]:
         cfg = template(
             args.config,
             dataset=args.dataset,
-            out=args.out / f"{args.algo}_c{n}",
+            out=args.out / f"{args.algo}_{backend}_c{n}",
             algo=args.algo,
             policy="diffusion" if args.algo == "diffusion-ql" else "gaussian",
             overwrite=True,
             steps=args.updates,
             eval_episodes=0,
-            source={"type": "online", "n_collectors": n, "learning_starts": 1000},
+            source={"type": "online", "n_collectors": n, "learning_starts": 1000, "backend": backend},
         )
+        seen: dict = {}
         t0 = time.perf_counter()
-        train(cfg)
-        rows.append(
-            {
-                "algo": args.algo,
-                "collectors": n,
-                **rates(cfg.out / "metrics.jsonl"),
-                "wall_s": time.perf_counter() - t0,
-            }
-        )
+        summary = train(cfg, hook=lambda info, seen=seen: seen.update(collectors=info["collectors"]))
+        row = {"backend": backend, "algo": args.algo, "collectors": n, **rates(cfg.out / "metrics.jsonl")}
+        row["wall_s"] = time.perf_counter() - t0
+        if backend == "ray":  # the learner's cost of the batches (RayCollectors counts it)
+            c = seen["collectors"]
+            row["intake_ms_per_batch"] = 1000 * c.intake_s / max(c.batches, 1)
+            row["intake_share"] = c.intake_s / summary["train_seconds"]
+        rows.append(row)
         print(rows[-1], flush=True)
     meta = {
         **machine(),
@@ -86,9 +92,10 @@ def main() -> None:
         "batch_size": cfg.batch_size,
         "envs_per_collector": cfg.source.envs_per_collector,
         "publish_every": cfg.source.publish_every,
-        "note": "trainer and collectors share the same 2 cores; each process runs torch with 1 thread",
+        "note": "trainer and collectors share the same 2 cores; each process (or actor) runs torch with 1 thread",
     }
-    write_results("rl_throughput", rows, meta, list(rows[0]))
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    write_results("rl_throughput", rows, meta, columns)
 
 
 if __name__ == "__main__":

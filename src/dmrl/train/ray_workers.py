@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -208,6 +209,7 @@ class RayCollectors:
         self.buf, self.good = rings
         self.slots = [_Slot(self.cls.remote(*args), seed0 + i) for i in range(n)]
         self.pending: dict[Any, tuple[int, Any]] = {}  # object ref of a queued call -> (collector index, actor)
+        self.intake_s, self.batches = 0.0, 0  # learner time spent taking batches in (wait, get, add), batches taken
         for i in range(n):
             for _ in range(INFLIGHT):
                 self._submit(i)
@@ -233,6 +235,7 @@ class RayCollectors:
         events: list[dict[str, Any]] = []
         if not self.pending:
             return events
+        t0 = time.perf_counter()
         done, _ = ray.wait(list(self.pending), num_returns=len(self.pending), timeout=0)
         for ref in done:
             i, actor = self.pending.pop(ref)
@@ -254,7 +257,9 @@ class RayCollectors:
                     if won and self.good is not None:
                         self.good.add(items)
                 self.steps.add(out["env_steps"])
+                self.batches += 1
             self._submit(i)
+        self.intake_s += time.perf_counter() - t0
         return events
 
     def _restarted(self, i: int, what: str) -> dict[str, Any]:
