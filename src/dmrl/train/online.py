@@ -206,10 +206,10 @@ class OnlineSource:
             from dmrl.train.ray_workers import start_ray
 
             rings = (self.buf, self.good)
-            self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)
             self.ray, self.board, self.env_steps, self.collectors, self.evaluator = start_ray(
                 cfg, actor_cpu, self.env_id, self.env_kwargs, rings, env_steps
             )
+            self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # after ray.init, which may set its own
             return
         self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), StopFlag(ctx), StepCounter(ctx, env_steps)
         good = self.good
