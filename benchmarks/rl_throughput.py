@@ -13,6 +13,7 @@ Writes benchmarks/results/rl_throughput.json and .md. Actor and critic settings:
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ def main() -> None:
         summary = train(cfg, hook=lambda info, seen=seen: seen.update(collectors=info["collectors"]))
         row = {"backend": backend, "algo": args.algo, "collectors": n, **rates(cfg.out / "metrics.jsonl")}
         row["wall_s"] = time.perf_counter() - t0
+        row["load_avg_1m"] = os.getloadavg()[0]  # other jobs on the machine at the end of this row
         if backend == "ray":  # the learner's cost of the batches (RayCollectors counts it)
             c = seen["collectors"]
             row["intake_ms_per_batch"] = 1000 * c.intake_s / max(c.batches, 1)
