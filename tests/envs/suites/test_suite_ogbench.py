@@ -119,7 +119,7 @@ def test_npz_round_trip_matches_ogbench_relabelling(play, tmp_path):
         np.testing.assert_array_equal(ep.rewards, np.asarray(t["reward"], np.float32))  # = the env's play reward
 
     ref = load_dataset(str(path), add_info=True)  # OGBench's own reader: transitions, last rows dropped
-    relabel_dataset("cube-single-singletask-task2-v0", make_env(NAME).unwrapped.task_env, ref)
+    relabel_dataset("cube-single-singletask-task2-v0", env.unwrapped.task_env, ref)  # the same task env
     np.testing.assert_array_equal(np.concatenate([ep.rewards for ep in episodes]), ref["rewards"])
     np.testing.assert_array_equal(np.concatenate([ep.obs["state"] for ep in episodes]), ref["observations"])
     np.testing.assert_array_equal(np.concatenate([ep.actions for ep in episodes]), ref["actions"])
