@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -37,3 +38,18 @@ def test_metaworld_collect_train_eval(tmp_path):
     assert main([*ev, "--inference-steps", "2"]) == 0
     result = json.loads((run / "eval" / "eval.json").read_text())
     assert result["env_id"] == env and result["episodes"] == 1 and result["mean_length"] == 200
+
+
+@pytest.mark.parametrize(
+    ("env", "module"),
+    [
+        ("metaworld/reach-v3", "metaworld.env_dict"),
+        ("ogbench/cube-single-play-singletask-v0", "ogbench.manipspace.envs.cube_env"),
+    ],
+)
+def test_missing_package_is_one_line(tmp_path, monkeypatch, capsys, env, module):
+    monkeypatch.setitem(sys.modules, module, None)  # as if the suite were not installed
+    out = tmp_path / "d.zarr"
+    assert main(["collect", "--env", env, "--obs-modes", "state", "--out", str(out), "--workers", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "install" in err[0] and not out.exists(), err

@@ -33,8 +33,8 @@ JOINTS_DIM = 4
 def _import_metaworld() -> Any:
     try:
         import metaworld.env_dict as env_dict
-    except ImportError:
-        raise ImportError(
+    except ImportError:  # RuntimeError: the CLI prints it as one line
+        raise RuntimeError(
             "metaworld/* envs need Meta-World 3.1.1: run `make install` (or `pip install --no-deps metaworld==3.1.1` "
             'after `pip install -e ".[suites]"`)'
         ) from None

@@ -70,8 +70,8 @@ def _manipspace(suite: Suite, **kwargs: Any) -> Any:
     warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered", module="gymnasium")
     try:
         module = importlib.import_module(f"ogbench.manipspace.envs.{suite.module}")
-    except ImportError:
-        raise ImportError(
+    except ImportError:  # RuntimeError: the CLI prints it as one line
+        raise RuntimeError(
             'ogbench/* envs need OGBench 1.2.2: run `pip install -e ".[suites]"` (or make install)'
         ) from None
     return getattr(module, suite.cls)(env_type=suite.env_type, **kwargs)
