@@ -55,6 +55,8 @@ class Args:
     """algorithm"""
     out: Path = ROOT / "outputs" / "rl_throughput"
     """run directories go here"""
+    name: str = "rl_throughput"
+    """results file name (benchmarks/results/<name>.json and .md)"""
 
 
 def main() -> None:
@@ -95,9 +97,10 @@ def main() -> None:
         "envs_per_collector": cfg.source.envs_per_collector,
         "publish_every": cfg.source.publish_every,
         "note": "trainer and collectors share the same 2 cores; each process (or actor) runs torch with 1 thread",
+        "ray_worker_niceness": os.environ.get("RAY_worker_niceness", "default (15)"),  # noqa: SIM112 (Ray spells it so)
     }
     columns = list(dict.fromkeys(k for r in rows for k in r))
-    write_results("rl_throughput", rows, meta, columns)
+    write_results(args.name, rows, meta, columns)
 
 
 if __name__ == "__main__":
