@@ -1,6 +1,6 @@
 """Online training with --source.backend ray: collector actors fill the learner's replay, a killed actor is
-restarted, and one collector collects what the process backend's collector does. One local Ray cluster (on
-127.0.0.1) serves the whole module."""
+restarted, and one collector collects what the process backend's collector does. One local Ray cluster (node
+address 127.0.0.1) serves the whole module."""
 
 from __future__ import annotations
 

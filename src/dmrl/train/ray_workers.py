@@ -65,7 +65,7 @@ def init_ray(address: str, n_actors: int) -> bool:
         ray.init(
             num_cpus=max(os.cpu_count() or 1, n_actors),
             object_store_memory=512 * 2**20,
-            _node_ip_address="127.0.0.1",  # a local cluster listens on loopback only
+            _node_ip_address="127.0.0.1",  # its processes talk over loopback (Ray's servers still bind all interfaces)
             **quiet,
         )
     return True
