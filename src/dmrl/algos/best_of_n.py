@@ -79,4 +79,4 @@ class CriticRankedPolicy(nn.Module):
         chunks = self.actor.sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
         q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
-        return self.actor.normalizer.unnormalize("actions", best).clamp(-1.0, 1.0)
+        return self.actor.raw_actions(best)

@@ -35,7 +35,7 @@ from dmrl.algos.critic import (
     polyak_update,
     td_regression,
 )
-from dmrl.policies.base import ActionQueue, ChunkPolicy
+from dmrl.policies.base import ActionQueue, ChunkPolicy, raw_actions
 from dmrl.policies.diffusion import DiffusionPolicy
 from dmrl.policies.observations import build_encoder, encoder_inputs
 
@@ -107,11 +107,14 @@ class OneStepPolicy(nn.Module):
             h = F.mish(F.layer_norm(layer(h), (layer.out_features,)))
         return self.out(h).view(shape)
 
+    def raw_actions(self, chunk: Tensor) -> Tensor:
+        """Normalised chunk (B, Tp, Da) -> raw actions clipped to the bounds (as ChunkPolicy.raw_actions)."""
+        return raw_actions(self.normalizer, chunk)
+
     @torch.no_grad()
     def predict_chunk(self, obs: dict) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> raw chunk (B, Tp, Da), clipped to the action bounds."""
-        chunk = self.sample_chunk(*self.condition(obs)).clamp(-1.0, 1.0)
-        return self.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
+        return self.raw_actions(self.sample_chunk(*self.condition(obs)).clamp(-1.0, 1.0))
 
     def reset(self, mask: np.ndarray | None = None) -> None:
         self._actions.reset(mask)

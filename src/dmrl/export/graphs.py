@@ -151,7 +151,7 @@ class ChunkGraph(nn.Module):
     def _chunk(self, obs: dict[str, Tensor | list[str]], noise: dict[str, Tensor]) -> Tensor:
         p = self.policy
         x = self.kind.chunk(p, *p.condition(obs), noise)
-        return p.normalizer.unnormalize("actions", x).clamp(-1.0, 1.0)
+        return p.raw_actions(x)
 
 
 # ---------------------------------------------------------------------------------------------------- the kinds

@@ -123,6 +123,21 @@ class NormalizerModule(nn.Module):
         return (y - getattr(self, f"{key}_offset")) / getattr(self, f"{key}_scale")
 
 
+def action_bounds(normalizer: NormalizerModule) -> tuple[Tensor, Tensor]:
+    """(Da,) low and high of raw actions under ``normalizer``: [-1, 1] widened per dim to the range its action
+    statistics map onto [-1, 1] (see ChunkPolicy.action_bounds)."""
+    ones = torch.ones_like(normalizer.actions_scale)
+    a, b = normalizer.unnormalize("actions", -ones), normalizer.unnormalize("actions", ones)
+    return torch.minimum(torch.minimum(a, b), -ones), torch.maximum(torch.maximum(a, b), ones)
+
+
+def raw_actions(normalizer: NormalizerModule, chunk: Tensor) -> Tensor:
+    """Normalised chunk (B, Tp, Da) -> raw actions, clipped to ``action_bounds(normalizer)``: what every planner
+    (torch, best-of-N, a one-step student, an exported graph, the policy server) hands to the env."""
+    low, high = action_bounds(normalizer)
+    return normalizer.unnormalize("actions", chunk).clamp(low, high)
+
+
 class ChunkPolicy(nn.Module):
     """Base of the action-chunk policies. Subclasses implement ``loss`` and ``sample_chunk``.
 
@@ -250,17 +265,17 @@ class ChunkPolicy(nn.Module):
     @torch.inference_mode()
     def predict_chunk(self, obs: Mapping[str, Tensor | list[str]]) -> Tensor:
         """Raw obs {key: (B, To, ...)} -> raw action chunk (B, Tp, Da), clipped to the action bounds."""
-        chunk = self.sample_chunk(*self.condition(obs))
-        low, high = self.action_bounds()
-        return self.normalizer.unnormalize("actions", chunk).clamp(low, high)
+        return self.raw_actions(self.sample_chunk(*self.condition(obs)))
+
+    def raw_actions(self, chunk: Tensor) -> Tensor:
+        """Normalised chunk (B, Tp, Da) -> raw actions in the env's units, clipped to ``action_bounds()``."""
+        return raw_actions(self.normalizer, chunk)
 
     def action_bounds(self) -> tuple[Tensor, Tensor]:
         """(Da,) low and high of raw actions: [-1, 1] (dmrl's envs), widened per dim to the range the action normaliser
         maps onto [-1, 1] (the training data's min / max, in the checkpoint's buffers), so that actions recorded in a
         robot's own units (dmrl data import) are not cut at 1."""
-        ones = self.normalizer.actions_scale.new_ones(self.action_dim)
-        a, b = self.normalizer.unnormalize("actions", -ones), self.normalizer.unnormalize("actions", ones)
-        return torch.minimum(torch.minimum(a, b), -ones), torch.maximum(torch.maximum(a, b), ones)
+        return action_bounds(self.normalizer)
 
     # ------------------------------------------------------------------ acting side
     def reset(self, mask: np.ndarray | None = None) -> None:

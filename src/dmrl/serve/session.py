@@ -81,7 +81,7 @@ class PolicyHost:
         @torch.inference_mode()
         def plan(obs: Mapping[str, Tensor | list[str]]) -> Tensor:
             chunk = p.sample_chunk(*p.condition(obs), generator=generator)
-            return p.normalizer.unnormalize("actions", chunk).clamp(-1.0, 1.0)
+            return p.raw_actions(chunk)
 
         return plan
 

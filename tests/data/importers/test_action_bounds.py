@@ -41,3 +41,31 @@ def test_predict_chunk_clips_to_the_checkpoint_bounds(tmp_path, low, high, want_
         p.reset()
         a = p.act({"state": np.zeros(3, np.float32)})  # act() hands the same units to the robot
         assert a.shape == (2,) and np.allclose(a, want_low, atol=1e-5)
+
+
+def test_every_planner_hands_out_the_same_units():
+    """Best-of-N with a critic, the ONNX graph's module and the policy server's planner use the same bounds as
+    predict_chunk (a chunk of +-3 in normalised units comes back as the data range, not cut at 1)."""
+    from dmrl.algos.best_of_n import CriticRankedPolicy
+    from dmrl.export.graphs import ChunkGraph, input_spec
+    from dmrl.serve.session import PolicyHost
+
+    policy = _policy(np.array([0.0, -3.0]), np.array([5.0, 2.0]), name="diffusion").eval()
+    policy.sample_chunk = lambda cond, mask=None, *a, **k: torch.full((cond.shape[0], 4, 2), 3.0)
+    obs = {"state": torch.zeros(1, 1, 3)}
+    want = torch.tensor([5.0, 2.0])
+
+    class Critic(torch.nn.Module):
+        def executed(self, chunk):
+            return chunk
+
+        def forward(self, obs, chunk):
+            return chunk.new_zeros(1, chunk.shape[0])
+
+    ranked = CriticRankedPolicy(policy, Critic(), 2)
+    assert torch.allclose(ranked.predict_chunk(obs)[0, 0], want)
+    assert torch.allclose(PolicyHost(policy).torch_planner(torch.Generator())(obs)[0, 0], want)
+    graph = ChunkGraph(policy)
+    spec = input_spec(policy, 1)
+    args = [obs["state"] if k == "state" else torch.zeros(s) for k, (s, _) in spec.items()]
+    assert torch.allclose(graph(*args)[0, 0], want)
