@@ -156,6 +156,15 @@ def _restarted() -> bool:
     return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
+def _give_up_after(replaced: int, who: str, err: Exception) -> None:
+    """Raise once MAX_RESTARTS replacements in a row died without a result: an actor that cannot start (its
+    constructor fails: a missing package or env on a node) would otherwise be replaced forever."""
+    if replaced >= MAX_RESTARTS:
+        lines = [line for line in str(err).splitlines() if line.strip()]  # the last names the cause
+        msg = lines[-1][:300] if lines else type(err).__name__
+        raise RuntimeError(f"online: {who} died {replaced + 1} times in a row without a result; last: {msg}")
+
+
 def _actor_options() -> dict[str, Any]:
     # One CPU each, so a cluster spreads them over its nodes; Ray restarts a dead actor and re-runs the calls it
     # had queued on the new incarnation.
@@ -197,6 +206,7 @@ class _Slot:
     seed: int
     instance: str | None = None  # the actor's incarnation (from its constructor): a new one means Ray restarted it
     pid: int | None = None
+    replaced: int = 0  # actors made for this collector since its last batch
 
 
 class RayCollectors:
@@ -242,12 +252,14 @@ class RayCollectors:
             s = self.slots[i]
             try:
                 out = ray.get(ref)
-            except ray.exceptions.ActorDiedError:  # restarts used up, or its node gone: a new actor
+            except ray.exceptions.ActorDiedError as e:  # restarts used up, or its node gone: a new actor
                 if actor is s.actor:  # the first failed call of that actor
+                    _give_up_after(s.replaced, f"collector actor {i}", e)
                     events.append(self._restarted(i, "died for good; replacing it with a new actor"))
-                    s.actor, s.instance = self.cls.remote(*self.args), None
+                    s.actor, s.instance, s.replaced = self.cls.remote(*self.args), None, s.replaced + 1
                 self._submit(i)
                 continue
+            s.replaced = 0
             if out["instance"] != s.instance and out["restarted"]:  # a new incarnation that Ray restarted
                 events.append(self._restarted(i, "was restarted by Ray"))
             s.instance, s.pid = out["instance"], out["pid"]
@@ -303,6 +315,7 @@ class RayEvaluator:
         ray = import_ray()
         self.cls = ray.remote(**_actor_options())(EvaluatorActor)
         self.args, self.actor, self.restarts, self.instance = args, self.cls.remote(*args), 0, None
+        self.replaced = 0  # actors made since the last evaluation
         self.inbox, self.outbox = _Snapshots(self), queue.Queue()
         self.proc = _Proc()
         self.waiting: tuple[int, np.ndarray] | None = None
@@ -318,10 +331,12 @@ class RayEvaluator:
             ref, self.running = self.running, None
             try:
                 rec = ray.get(ref)
-            except ray.exceptions.ActorDiedError:  # restarts used up, or its node gone: a new actor
+            except ray.exceptions.ActorDiedError as e:  # restarts used up, or its node gone: a new actor
+                _give_up_after(self.replaced, "evaluator actor", e)
                 events.append(self._restarted("died for good; replacing it with a new actor"))
-                self.actor, self.instance = self.cls.remote(*self.args), None
+                self.actor, self.instance, self.replaced = self.cls.remote(*self.args), None, self.replaced + 1
             else:
+                self.replaced = 0
                 instance, restarted = rec.pop("instance"), rec.pop("restarted")
                 if instance != self.instance and restarted:
                     events.append(self._restarted("was restarted by Ray"))
