@@ -118,9 +118,16 @@ def test_one_collector_collects_what_the_process_backend_collects(tmp_path, clus
         np.testing.assert_array_equal(a[k][:n], b[k][:n], err_msg=k)
 
 
-def test_backend_flags_are_checked_and_the_process_backend_needs_no_ray():
+def test_backend_flags_are_checked_and_the_process_backend_needs_no_ray(monkeypatch):
     import subprocess
     import sys
+
+    from dmrl.train.ray_workers import import_ray
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    with pytest.raises(ValueError, match=r"--source.backend ray needs Ray: pip install 'dmrl\[ray\]'"):
+        import_ray()
+    monkeypatch.undo()
 
     with pytest.raises(ValueError, match="--source.backend: got 'threads'; allowed: process, ray"):
         merge(TrainConfig(), {"source": {"type": "online", "backend": "threads"}})
