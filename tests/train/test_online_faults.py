@@ -177,3 +177,18 @@ def test_sigkilled_learner_leaves_no_child_and_resumes_with_its_replay(tmp_path,
     assert restored[0]["replay_restored"] == saved["replay_size"]
     assert restored[0]["replay_written"] == saved["replay_written"]
     assert restored[0]["env_steps_restored"] == saved["env_steps"] and summary["env_steps"] >= saved["env_steps"]
+
+
+def test_a_child_reaped_elsewhere_counts_as_dead():
+    """multiprocessing reports a child alive forever once something else in the process reaped it (waitpid:
+    ECHILD); the learner's liveness check reads /proc as well, so the child is restarted all the same."""
+    from dmrl.train.online import _dead
+
+    p = mp.get_context("spawn").Process(target=time.sleep, args=(30,), daemon=True)
+    p.start()
+    assert not _dead(p)
+    os.kill(p.pid, signal.SIGKILL)
+    os.waitpid(p.pid, 0)  # another waiter takes the exit status
+    assert p.is_alive(), "multiprocessing cannot tell any more"
+    assert _dead(p)
+    p._popen.returncode = -9  # let multiprocessing forget it (no exit status left to collect)

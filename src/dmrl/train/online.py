@@ -51,6 +51,19 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt  # SIGTERM takes Ctrl-C's path: children stopped, state saved
 
 
+def _dead(p: Any) -> bool:
+    """Whether child ``p`` has exited. ``is_alive()`` alone is not enough: when something else in this process
+    reaps children (a library calling waitpid(-1)), waitpid on the pid fails with ECHILD and multiprocessing keeps
+    reporting the child alive forever; /proc tells the truth (gone, or a zombie not yet reaped)."""
+    if not p.is_alive():
+        return True
+    try:
+        state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return Path("/proc/self").exists()  # gone (reaped elsewhere); without /proc (not Linux) trust is_alive
+    return state in ("Z", "X")
+
+
 class Collectors:
     """The collector processes: started, watched (a dead one is restarted with a fresh seed) and stopped."""
 
@@ -72,7 +85,7 @@ class Collectors:
         """Restart every collector that died; one event record per restart."""
         events = []
         for i, p in enumerate(self.procs):
-            if not p.is_alive():
+            if _dead(p):
                 self.restarts += 1
                 seed = 1000 * self.restarts + i
                 log.warning("online: collector %d (pid %s) died with exit code %s; restarting", i, p.pid, p.exitcode)
@@ -97,7 +110,7 @@ class Evaluator:
 
     def restart_dead(self) -> list[dict[str, Any]]:
         """Restart the evaluator if it died (snapshots sent to it and not scored are lost); -> event records."""
-        if self.proc.is_alive():
+        if not _dead(self.proc):
             return []
         dead = self.proc
         self.restarts += 1
