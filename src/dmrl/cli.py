@@ -1,4 +1,5 @@
-"""Command line: ``dmrl collect | info | demo | train | eval | compare | export`` over typed dataclass configs (tyro).
+"""Command line: ``dmrl collect | info | data | train | distill | eval | compare | export | serve | demo`` over typed
+dataclass configs (tyro).
 
 Every command accepts ``--config PRESET.yaml`` (a YAML of config overrides, see configs/) before its flags;
 flags override the preset. Bad input of any kind is reported as one line on stderr with exit status 2.
