@@ -128,7 +128,9 @@ def test_killed_evaluator_is_restarted_and_keeps_evaluating(tmp_path, dataset):
             killed.update(pid=info["evaluator_pid"], update=info["update"])
             time.sleep(0.5)
         elif killed and not any(x["update"] > killed["update"] for x in evals):
-            time.sleep(0.1)  # slow the learner until the restarted evaluator scored a new snapshot
+            # Slow the learner until the restarted evaluator scored a new snapshot: on 2 busy cores a fresh process
+            # takes tens of seconds to import torch and build its env, and 400 steps must outlast that.
+            time.sleep(0.5)
 
     online = {**ONLINE, "eval_every": 2, "eval_episodes": 1}
     cfg = merge(TrainConfig(), {**TINY, "dataset": str(dataset), "out": str(run), "steps": 400, "source": online})
