@@ -22,6 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dmrl.data.importers.video import keep_scheduling
+
 FPS = 10
 CAMS = ("observation.images.front", "observation.images.wrist")
 
@@ -47,6 +49,19 @@ def episode_arrays(ep: int, t: int, state_dim: int = 4, action_dim: int = 3) -> 
     }
 
 
+def _keeps_scheduling(fn):  # noqa: ANN001, ANN202
+    """SVT-AV1 leaves the encoding thread real-time (SCHED_FIFO, as root): every later test and its children would
+    starve the machine; give the thread its policy back (see dmrl.data.importers.video.keep_scheduling)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with keep_scheduling():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_keeps_scheduling
 def write_lerobot_v3(
     root: Path,
     lengths: tuple[int, ...] = (7, 9, 6),

@@ -7,7 +7,9 @@ memory holds one episode's frames, never a whole video.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -15,6 +17,22 @@ import numpy as np
 
 # SVT-AV1 (lerobot's default codec) prints a banner per stream on stderr unless told to keep to errors.
 os.environ.setdefault("SVT_LOG", "1")
+
+
+@contextlib.contextmanager
+def keep_scheduling() -> Iterator[None]:
+    """Give the calling thread back its scheduling policy after encoding. SVT-AV1 (libsvtav1) switches the thread
+    that opens it to real-time SCHED_FIFO where it may (as root): left so, this process and every process it starts
+    later (collectors, evaluation envs) would run real-time and starve the rest of the machine."""
+    if not hasattr(os, "sched_getscheduler"):  # not Linux
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if os.sched_getscheduler(0) != policy or os.sched_getparam(0) != param:
+            os.sched_setscheduler(0, policy, param)
 
 
 def _av():  # noqa: ANN202 - PyAV is the optional `data` extra; import it where it is used
@@ -108,18 +126,20 @@ class FrameWriter:
     def write(self, frames: np.ndarray) -> None:
         """Append (n, H, W, 3) uint8 frames."""
         av = _av()
-        for img in frames:
-            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
-            frame.pts, frame.time_base = self.count, 1 / self.rate
-            for packet in self._stream.encode(frame):
-                self._container.mux(packet)
-            self.count += 1
+        with keep_scheduling():  # the encoder opens at the first frame
+            for img in frames:
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")
+                frame.pts, frame.time_base = self.count, 1 / self.rate
+                for packet in self._stream.encode(frame):
+                    self._container.mux(packet)
+                self.count += 1
 
     def close(self) -> None:
         """Flush the encoder and finish the file."""
-        for packet in self._stream.encode():
-            self._container.mux(packet)
-        self._container.close()
+        with keep_scheduling():
+            for packet in self._stream.encode():
+                self._container.mux(packet)
+            self._container.close()
 
 
 def video_info(path: Path) -> dict[str, object]:
