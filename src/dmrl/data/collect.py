@@ -8,7 +8,6 @@ a crash or Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import signal
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 from tqdm import tqdm
 
-from dmrl.data.episodes import EpisodeStore
+from dmrl.data.episodes import EpisodeStore, sigint_deferred
 from dmrl.envs.registry import EnvSpec, Expert, env_spec, resolve
 from dmrl.paths import check_output_path
 from dmrl.types import ARRAY_MODES, Episode, parse_obs_modes
@@ -193,19 +192,6 @@ def _episodes(cfg: CollectConfig, seeds: list[int]) -> Iterator[Episode]:
             pool.terminate()
 
 
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C while an episode is being written; re-raise it once the write is complete."""
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            raise KeyboardInterrupt
-
-
 def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
     """Collect ``cfg.episodes`` expert episodes into ``cfg.out``; returns the open store."""
     check_output_path(cfg.out)  # one line, nothing created, before the env is even built
@@ -245,7 +231,7 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
     successes = done = 0
     try:
         for ep in _episodes(cfg, seeds):
-            with _sigint_deferred():
+            with sigint_deferred():
                 store.append(ep)
             successes += ep.success
             done += 1

@@ -26,11 +26,13 @@ opening the store for writing is refused; readers take no lock. Not covered: pow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -560,3 +562,17 @@ def _episode_info(path: Path, attrs: dict[str, Any]) -> dict[str, InfoField]:
     if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
         raise StoreError(f"dmrl store {path}: corrupt attribute 'episode_info' ({CORRUPT_HINT})")
     return {k: InfoField.from_json(v) for k, v in doc.items()}
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C while an episode is written; raise it once the episode is committed (dmrl collect and dmrl data
+    import: an interrupted run keeps every committed episode)."""
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt

@@ -7,9 +7,7 @@ imports; an interrupted import keeps its committed episodes, and ``--resume`` co
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dmrl.data.episodes import EpisodeStore, ObsSpec
+from dmrl.data.episodes import EpisodeStore, ObsSpec, sigint_deferred
 from dmrl.paths import check_output_path
 from dmrl.types import Episode
 
@@ -46,19 +44,6 @@ class StoreSpec:
     @property
     def action_dim(self) -> int:
         return len(self.action_meaning)
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold Ctrl-C while an episode is written; raise it once the episode is committed (as dmrl collect does)."""
-    pending: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            raise KeyboardInterrupt
 
 
 def write_store(
@@ -106,7 +91,7 @@ def write_store(
                disable=not progress)  # fmt: skip
     try:
         for ep in episodes(skip):
-            with _sigint_deferred():
+            with sigint_deferred():
                 store.append(ep)
             bar.update(1)
     finally:
