@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from dmrl.data import Normalizer
 from dmrl.diffusion import SCHEDULE_KINDS, TIMESTEP_SPACINGS, DDIMSampler, make_schedule
 from dmrl.models import DENOISERS, build_denoiser
-from dmrl.models.multimodal import EncoderOutput
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 from dmrl.policies.observations import ObsDim
@@ -204,15 +203,9 @@ class StudentPolicy(ChunkPolicy):
         out = {"loss": err.mean(), "distill_first": err[first].mean() if first.any() else err.new_zeros(())}
         return self._add_aux(out, batch, enc.pooled)
 
-    def condition(self, obs: Mapping[str, Tensor | list[str]]) -> tuple[Tensor, Tensor | None]:
-        """As the diffusion policy's: the transformer denoiser reads the multimodal tokens, the others the pooled
-        vector."""
-        return self._condition_from(self.encode_tokens(obs))
-
-    def _condition_from(self, enc: EncoderOutput) -> tuple[Tensor, Tensor | None]:
-        if self.config.denoiser == "transformer" and self.chunk.encoder_type == "multimodal":
-            return enc.tokens, enc.mask
-        return enc.pooled, None
+    # The diffusion policy's: the transformer denoiser reads the multimodal tokens, the others the pooled vector.
+    condition = DiffusionPolicy.condition
+    _condition_from = DiffusionPolicy._condition_from
 
     # ------------------------------------------------------------------ sampling
     def sample_chunk(
