@@ -251,3 +251,36 @@ def test_offline_share_draws_that_share_of_every_batch_from_the_dataset(tmp_path
         _cfg(dataset, tmp_path / "x", source={**online, "prefill_from_dataset": True})
     with pytest.raises(ValueError, match="offline-share 0.95 leaves no replay item in a batch of 8"):
         _cfg(dataset, tmp_path / "x", source={**online, "offline_share": 0.95})
+
+
+def test_replay_ratio_holds_env_steps_per_update_both_ways(tmp_path, dataset):
+    """--source.env-steps-per-update R: after update k, env steps lie within [e0 + R·(k-s0) - slack, e0 +
+    R·(k-s0) + one episode per collector]: collectors pause when ahead, the learner waits when they are behind."""
+    from dmrl.train.online import PACE_SLACK, OnlineSource
+
+    seen = []
+    after_update = OnlineSource.after_update
+
+    def spy(self, step, logs, algo):
+        seen.append((step, self.env_steps.value, self.pace_origin))
+        after_update(self, step, logs, algo)
+
+    ratio, steps = 50, 24
+    online = {**ONLINE, "env_steps_per_update": ratio}
+    OnlineSource.after_update = spy
+    try:
+        summary = train(_cfg(dataset, tmp_path / "run", steps=steps, source=online), progress=False)
+    finally:
+        OnlineSource.after_update = after_update
+    assert summary["train_steps"] == steps and len(seen) == steps
+    one_episode_each = 2 * ONLINE["max_episode_steps"]  # 2 collectors (the default)
+    for step, env, (s0, e0) in seen:
+        assert env - e0 >= ratio * (step - 1 - s0) - PACE_SLACK, (step, env, e0)
+        assert env - e0 <= ratio * (step - 1 - s0) + one_episode_each, (step, env, e0)
+    step, env, (s0, e0) = seen[-1]
+    assert env - e0 >= ratio * (steps - 1) - PACE_SLACK > 0  # the learner waited for the collectors
+    assert not mp.active_children()
+    with pytest.raises(ValueError, match="env-steps-per-update needs --source.backend process"):
+        _cfg(dataset, tmp_path / "x", source={**online, "backend": "ray"})
+    with pytest.raises(ValueError, match="env-steps-per-update: got -1"):
+        _cfg(dataset, tmp_path / "x", source={**online, "env_steps_per_update": -1})

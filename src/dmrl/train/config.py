@@ -87,6 +87,9 @@ class OnlineConfig:
     """Chunk transitions in replay before the first update."""
     env_steps: int = 0
     """Stop after this many env steps in total (0: no limit)."""
+    env_steps_per_update: float = 0.0
+    """Replay ratio once learning starts: collectors pause and the learner waits to keep env steps per update at
+    this (0: both run free)."""
     eval_every: int = 0
     """Updates between snapshot evaluations (0: none)."""
     eval_episodes: int = 4
@@ -134,6 +137,11 @@ class OnlineConfig:
             raise ValueError(
                 "--source.offline-share keeps the dataset in its own ring: drop --source.prefill-from-dataset"
             )
+        if self.env_steps_per_update < 0:
+            raise ValueError(f"--source.env-steps-per-update: got {self.env_steps_per_update}; need >= 0 (0: free)")
+        if self.env_steps_per_update and self.backend == "ray":
+            raise ValueError("--source.env-steps-per-update needs --source.backend process (ray collectors are not "
+                             "paced yet); drop one of them")  # fmt: skip
         if self.exploration_noise < 0 or self.max_episode_steps < 0:
             raise ValueError(
                 f"online: need exploration_noise >= 0 and max_episode_steps >= 0; got {self.exploration_noise}, "

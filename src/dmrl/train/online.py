@@ -32,6 +32,7 @@ from dmrl.train.config import OnlineConfig, TrainConfig
 from dmrl.train.engine import Engine
 from dmrl.train.offline import env_kwargs_from_store
 from dmrl.train.online_workers import (
+    Pace,
     StepCounter,
     StopFlag,
     WeightBoard,
@@ -45,6 +46,10 @@ from dmrl.train.online_workers import (
 )
 
 log = logging.getLogger(__name__)
+
+# Under --source.env-steps-per-update the learner waits only when the collectors are this many env steps behind:
+# they add whole episodes (up to a few hundred steps), so an exact ratio would stall the learner at every episode.
+PACE_SLACK = 500
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -170,6 +175,8 @@ class OnlineSource:
         self.old_term: Any = None
         self.snapshot_env_steps: dict[int, int] = {}  # update -> env steps at the snapshot sent to the evaluator
         self.idx: Any = None
+        self.pace: Any = None  # the collectors' gate under env_steps_per_update
+        self.pace_origin: tuple[int, int] | None = None  # (update, env steps) when learning started
         self.stop: Any = None
         self.env_steps: Any = None
         self.resume_dir: Path | None = None
@@ -225,11 +232,12 @@ class OnlineSource:
             self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # after ray.init, which may set its own
             return
         self.board, self.stop, self.env_steps = WeightBoard(actor_cpu, ctx), StopFlag(ctx), StepCounter(ctx, env_steps)
+        self.pace = Pace(ctx) if oc.env_steps_per_update else None
         good = self.good
         args = lambda i, seed: (  # noqa: E731
             i, actor_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
             self.stop, oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
-            good.handle() if good else None,
+            good.handle() if good else None, self.pace.allowed if self.pace else None,
         )  # fmt: skip
         self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)
         self.collectors = Collectors(ctx, args, oc.n_collectors)
@@ -323,6 +331,9 @@ class OnlineSource:
         if len(self.buf) < self.oc.learning_starts:
             time.sleep(0.05)
             return None
+        if self.oc.env_steps_per_update and self._behind(step):
+            time.sleep(0.005)
+            return None
         progress = step / self.cfg.steps
         n_off = self.oc.offline_items(self.cfg.batch_size) if self.demos is not None else 0
         self.idx, flat, weights = self.buf.sample(self.cfg.batch_size - n_off, self.rng, progress=min(1.0, progress))
@@ -341,6 +352,17 @@ class OnlineSource:
             batch["bc"] = self.engine.to_device({**_tensors(bc), "progress": progress}) if bc is not None else None
         return batch
 
+    def _behind(self, step: int) -> bool:
+        """Replay ratio: whether the collectors are more than PACE_SLACK env steps short of
+        env_steps_per_update x the updates since learning started (the learner then waits for them). The first
+        call fixes that origin (update, env steps)."""
+        if self.pace_origin is None:
+            self.pace_origin = (step, self.env_steps.value)
+            if self.pace is not None:
+                self.pace.allow(self.pace_origin[1])  # collectors wait for the first update
+        s0, e0 = self.pace_origin
+        return self.env_steps.value - e0 + PACE_SLACK < self.oc.env_steps_per_update * (step - s0)
+
     def _with_demos(self, flat: dict, n: int) -> dict:
         """``n`` uniform dataset items put in front of a replay draw (their PER weight is 1: not prioritized)."""
         if n == 0:
@@ -352,6 +374,9 @@ class OnlineSource:
         """New priorities (|TD| per sampled slot), the acting policy (the actor, with its critic when it ranks
         best-of-N) published to collectors and evaluator."""
         self.buf.update_priorities(self.idx, logs["td_error"][len(logs["td_error"]) - len(self.idx) :])
+        if self.pace is not None:  # collectors may run this far ahead of the updates done
+            s0, e0 = self.pace_origin
+            self.pace.allow(e0 + int(self.oc.env_steps_per_update * (step - s0)))
         publish = step % self.oc.publish_every == 0
         snapshot = self.evaluator is not None and step % self.oc.eval_every == 0
         if not (publish or snapshot):

@@ -20,6 +20,7 @@ import os
 import queue
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,25 @@ class StepCounter:
 
     def close(self) -> None:
         self.lock.close()
+
+
+class Pace:
+    """The replay ratio's gate for collectors: a shared int64 of the env steps they may reach (-1: no limit), which
+    the learner raises after every update; a collector finishing an episode past it waits before the next one (so
+    the count overshoots by at most one episode per collector)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.allowed = ctx.Value("q", -1, lock=False)
+
+    def allow(self, env_steps: int) -> None:
+        self.allowed.value = int(env_steps)
+
+
+def wait_for_pace(allowed: Any, steps: Any, stop: Any) -> None:
+    """Block until the collected env steps are below the learner's allowance (or no limit, or stop, or no
+    parent)."""
+    while 0 <= allowed.value <= steps.value and not stop.is_set() and not parent_gone():
+        time.sleep(0.005)
 
 
 def write_children(path: Path, collectors: list[int], evaluator: int | None) -> None:
@@ -252,9 +272,11 @@ def collector_main(
     n_envs: int,
     seed: int,
     successes: ReplayHandle | None = None,
+    allowed: Any = None,
 ) -> None:
     """Collector process: roll out episodes with the newest weights into the replay ring until ``stop`` is set;
-    with a ``successes`` ring, episodes that succeed go into it as well (the self-imitation BC data)."""
+    with a ``successes`` ring, episodes that succeed go into it as well (the self-imitation BC data); with
+    ``allowed`` (a Pace's value) an episode starts only while the env steps are below it."""
     _quiet_signals()
     from dmrl.envs import make_env
 
@@ -270,6 +292,10 @@ def collector_main(
     try:
         while not stop.is_set():
             for env in envs:
+                if allowed is not None:
+                    wait_for_pace(allowed, steps, stop)
+                    if stop.is_set() or parent_gone():
+                        break
                 if version.value != seen:
                     with lock:
                         seen = version.value
