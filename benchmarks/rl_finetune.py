@@ -69,16 +69,16 @@ def make_weak(path: Path, demos: int) -> Path:
     return path
 
 
-def final_eval(checkpoint: Path, episodes: int, envs: int) -> dict:
+def final_eval(checkpoint: Path, episodes: int, envs: int, first: int = 100_000) -> dict:
     policy, meta = load_policy(checkpoint)
-    seeds = list(range(100_000, 100_000 + episodes))
+    seeds = list(range(first, first + episodes))
     return evaluate(policy, meta["env_id"], seeds, meta["env_kwargs"], n_envs=envs).summary()
 
 
-def final_eval_run(run: Path, episodes: int, envs: int) -> dict:
+def final_eval_run(run: Path, episodes: int, envs: int, first: int = 100_000) -> dict:
     """The final evaluation of an online run as it acts: the actor, or best-of-N with its critic (qc)."""
     algo, cfg, store = load_run(run)
-    seeds = list(range(100_000, 100_000 + episodes))
+    seeds = list(range(first, first + episodes))
     policy = algo.evaluation_policy().cpu()
     return evaluate(policy, store.attrs["env_id"], seeds, env_kwargs_from_store(store), n_envs=envs).summary()
 
@@ -127,6 +127,14 @@ class Args:
     """QC's best-of-N: chunks sampled per decision"""
     env_steps: int = 0
     """end every online run at this many env steps (0: after --steps updates only)"""
+    env_steps_per_update: float = 0.0
+    """replay ratio: env steps per update, held by pausing collectors or learner (0: both run free)"""
+    offline_share: float = 0.0
+    """share of each batch drawn from the demonstrations, kept in their own ring (RLPD: 0.5; 0: prefilled replay)"""
+    qc_backup_samples: int = 8
+    """QC's in-support backup: proposal samples maxed over at s'"""
+    selection: bool = False
+    """curves and final evaluation on the selection seeds (200000..) into {name}_select.json, to choose settings"""
     scratch_eta: float | None = None
     """eta of arm (a) (default: --eta); with eta 0 and no demonstrations nothing would train"""
     bc_data: Literal["replay", "successes"] = "successes"
@@ -162,6 +170,7 @@ def main() -> None:
     torch.set_num_threads(1)  # the collector and the evaluator take the other core
     t0 = time.perf_counter()
     scratch_eta = args.eta if args.scratch_eta is None else args.scratch_eta
+    first_seed = 200_000 if args.selection else 100_000  # curves and final evaluation
     data = make_weak(args.out / ("weak.zarr" if REWARD == REWARD_V1 else f"weak_{REWARD}.zarr"), args.demos)
     results: dict[str, list[dict]] = {a: [] for a in args.arms}
     curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
@@ -174,24 +183,35 @@ def main() -> None:
             bc = {"type": "bc", "lr": 0.0003}  # the preset's actor lr (BC's default: 1e-3)
             train_one(template(args.config, **base, out=bc_out, algo=bc, policy="diffusion", steps=args.bc_steps))
         if "bc" in args.arms:
-            results["bc"].append({"eval": final_eval(bc_out / "checkpoint", args.episodes, 2), "env_steps": 0})
+            ev = final_eval(bc_out / "checkpoint", args.episodes, 2, first_seed)
+            results["bc"].append({"eval": ev, "env_steps": 0})
         for arm, (init, prioritized, algo) in ONLINE.items():
             if arm not in args.arms:
                 continue
             online = {"type": "online", "n_collectors": 1, "eval_every": args.eval_every,
-                      "eval_episodes": args.curve_episodes, "prefill_from_dataset": init, "learning_starts": 1000,
-                      "bc_data": args.bc_data, "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
+                      "eval_episodes": args.curve_episodes, "prefill_from_dataset": init and not args.offline_share,
+                      "learning_starts": 1000, "bc_data": args.bc_data,
+                      "replay": {"capacity": 100_000, "prioritized": prioritized}}  # fmt: skip
             if args.env_steps:
                 online["env_steps"] = args.env_steps  # the run ends at this many env steps (or --steps updates)
+            if args.env_steps_per_update:
+                online["env_steps_per_update"] = args.env_steps_per_update
+            if args.offline_share and init:  # the demonstrations in their own ring, a fixed share of every batch
+                online["offline_share"] = args.offline_share
             eta = scratch_eta if arm == "scratch" else args.eta
             if algo == "qc":
-                spec, tag = {"type": "qc", "n_action_samples": args.qc_samples}, f"n{args.qc_samples}"
+                spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples}
+                tag = f"n{args.qc_samples}" + (f"b{args.qc_backup_samples}" if args.qc_backup_samples != 8 else "")
             else:
                 spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
             budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
+            budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update else ""
+            budget += f"_off{args.offline_share:g}" if args.offline_share and init else ""
+            budget += "_sel" if args.selection else ""
             run = args.out / f"{arm}_{tag}_{args.bc_data}{budget}_seed{seed}"  # settings in the name: runs coexist
             cfg = template(args.config, **base, out=run, algo=spec, policy="diffusion", steps=args.steps,
-                           source=online, init=bc_out / "checkpoint" if init else None)  # fmt: skip
+                           source=online, init=bc_out / "checkpoint" if init else None,
+                           eval_seed=first_seed)  # fmt: skip
             # rl_per.md and rl_finetune.md share the bc_rl runs (online.py writes summary.json after the checkpoint)
             summary = finished(cfg, need_eval=False)
             fresh = summary is None
@@ -200,7 +220,7 @@ def main() -> None:
             curves[arm].append(curve(run))
             cached = run / f"final_eval_{args.episodes}.json"
             if fresh or not cached.is_file():
-                cached.write_text(json.dumps(final_eval_run(run, args.episodes, 2)))
+                cached.write_text(json.dumps(final_eval_run(run, args.episodes, 2, first_seed)))
             ev = json.loads(cached.read_text())
             results[arm].append({"eval": ev, "env_steps": summary["env_steps"], "updates": summary["train_steps"]})
             print(f"{arm} seed {seed}: {ev['success_rate']:.2f} after {summary['env_steps']} env steps", flush=True)
@@ -239,11 +259,17 @@ def main() -> None:
         "env_step_budget": args.env_steps or None,
         "scratch_eta": scratch_eta,
         "bc_data": args.bc_data,
-        "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds 100000..",
-        "final_eval": f"{args.episodes} episodes, seeds 100000..",
+        "curve": f"{args.curve_episodes} episodes every {args.eval_every} updates, seeds {first_seed}..",
+        "final_eval": f"{args.episodes} episodes, seeds {first_seed}..",
+        "env_steps_per_update": args.env_steps_per_update or None,
+        "offline_share": args.offline_share or None,
+        "qc_backup_samples": args.qc_backup_samples,
         "curves": {a: c for a, c in curves.items()},
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }
+    if args.selection:  # settings are chosen here; docs show evaluation-seed curves only
+        write_results(f"{args.name}_select", rows, meta, list(rows[0]))
+        return
     write_results(args.name, rows, meta, list(rows[0]))
     plot(curves, bc_final, ROOT / "docs" / f"{args.name}.png")
 
