@@ -1,0 +1,86 @@
+"""benchmarks/metaworld.py's bookkeeping: the run order, the per-run score and the aggregate over seeds, on hand-made
+run JSONs (no env, no training)."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mw():
+    # Not imported as `metaworld`: that is the Meta-World package's name.
+    spec = importlib.util.spec_from_file_location("mw_protocol", ROOT / "benchmarks" / "metaworld.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def write_run(mw, runs: Path, task: str, policy: str, seed: int, curve: list[float], proto: dict) -> None:
+    top5, final = mw.top5_final(curve)
+    record = {"task": task, "policy": policy, "seed": seed, "success_top5": top5, "success_final": final}
+    record |= {"curve": [[100 * (i + 1), s] for i, s in enumerate(curve)], "protocol": proto}
+    record |= {"train_minutes": 50.0 + seed, "load_mean": 2.0}
+    (runs / f"{mw.run_name(task, policy, seed)}.json").write_text(json.dumps(record))
+
+
+def test_the_script_does_not_shadow_the_metaworld_package(mw):
+    assert all(Path(p or ".").resolve() != ROOT / "benchmarks" for p in sys.path)
+
+
+def test_top5_is_the_mean_of_the_five_best_points_and_final_the_last(mw):
+    top5, final = mw.top5_final([0.1, 0.9, 0.5, 0.7, 0.3, 0.8, 0.2, 0.6])
+    assert top5 == pytest.approx((0.9 + 0.8 + 0.7 + 0.6 + 0.5) / 5)
+    assert final == 0.6
+    assert mw.top5_final([0.4, 0.2]) == (pytest.approx(0.3), 0.2)  # fewer than 5 points: all of them
+    with pytest.raises(ValueError):
+        mw.top5_final([])
+
+
+def test_plan_starts_with_diffusion_seed0_on_every_task(mw):
+    plan = mw.planned()
+    assert len(plan) == len(mw.TASKS) * 3 * 3 == len(set(plan))
+    assert plan[0] == ("button-press-v3", "diffusion", 0)
+    assert [p for _, p, s in plan[: len(mw.TASKS)]] == ["diffusion"] * len(mw.TASKS)
+    for required in ("button-press-v3", "door-open-v3", "drawer-open-v3", "assembly-v3", "pick-place-v3"):
+        assert required in mw.TASKS
+    assert set(mw.GROUP) == set(mw.TASKS)
+
+
+def test_aggregate_means_and_stds_over_the_seeds_done_and_counts_the_missing(mw, tmp_path):
+    proto = mw.protocol()
+    write_run(mw, tmp_path, "button-press-v3", "diffusion", 0, [0.5, 0.6, 0.7, 0.8, 0.9, 1.0], proto)
+    write_run(mw, tmp_path, "button-press-v3", "diffusion", 2, [0.2, 0.3, 0.4, 0.5, 0.6, 0.7], proto)
+    write_run(mw, tmp_path, "door-open-v3", "vae", 1, [0.0, 0.1], proto)
+    write_run(mw, tmp_path, "door-open-v3", "vae", 0, [1.0], {**proto, "steps": 1})  # another budget: not counted
+
+    runs, skipped = mw.read_runs(tmp_path, proto)
+    rows, done = mw.aggregate_rows(runs, mw.planned())
+
+    assert done == 3 and skipped == ["door-open-v3__vae__seed0.json"]
+    assert len(rows) == len(mw.TASKS) * 3
+    bp = next(r for r in rows if (r["task"], r["policy"]) == ("button-press-v3", "diffusion"))
+    # top-5: 80 and 50 -> 65 ± 15; final: 100 and 70 -> 85 ± 15 (population std)
+    assert (bp["success_top5"], bp["success_top5_std"]) == (80.0 - 15.0, 15.0)
+    assert (bp["success_final"], bp["success_final_std"]) == (85.0, 15.0)
+    assert bp["seeds"] == "2/3" and bp["seeds_done"] == [0, 2]
+    assert (bp["published_dp"], bp["published_dp3"]) == (99, 100)
+    vae = next(r for r in rows if (r["task"], r["policy"]) == ("door-open-v3", "vae"))
+    assert (vae["success_top5"], vae["success_top5_std"], vae["seeds"]) == (5.0, 0.0, "1/3")
+    empty = next(r for r in rows if (r["task"], r["policy"]) == ("hammer-v3", "gaussian"))
+    assert empty["success_top5"] is None and empty["seeds"] == "0/3" and empty["published_dp"] is None
+    md = mw.markdown(rows, {"runs": f"runs done / planned: {done} / 90"})
+    assert "runs done / planned: 3 / 90" in md and "| 65.0 ± 15.0 | 85.0 ± 15.0 | 2/3 | 99 | 100 |" in md
+
+
+def test_a_run_outside_the_protocol_is_a_one_line_error(mw):
+    assert mw.parse_run("pick-place-v3:vae:2") == ("pick-place-v3", "vae", 2)
+    for bad in ("pick-place-v3:vae", "reach-v3:diffusion:0", "pick-place-v3:mlp:0", "pick-place-v3:vae:7"):
+        with pytest.raises(ValueError, match="--runs"):
+            mw.parse_run(bad)
