@@ -3,14 +3,17 @@
 Run: ``python benchmarks/distill.py`` (collects the store and trains the teachers when absent). For each training
 seed: the teacher (DDIM-10, configs/grasp_diffusion_state.yaml); the teacher run with one and two DDIM steps (the
 same network without distillation: the baselines a student must beat); the students (``dmrl distill``, one and two
-steps). Each is evaluated on the same seeds (100000..): success, routes, collisions, and the decision latency at
-batch 1 on one thread (torch and onnxruntime). The cost of distillation is timed against the teacher's training.
-Writes benchmarks/results/student.json and .md.
+steps, of the size and with the DAgger rounds asked for). Each is evaluated on the same seeds (--eval-seed ..:
+100000 for results, 200000 to choose settings): success, routes, collisions, and the decision latency at batch 1 on
+one thread (torch and onnxruntime). The cost of a distillation is its whole wall time (DAgger's rollouts included)
+over the teacher's training time, the teacher's seconds per step timed just before it in this process.
+Writes benchmarks/results/<name>.json and .md.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,7 +37,25 @@ class Args:
     student_steps: list[int] = field(default_factory=lambda: [1, 2])
     """Student network calls per chunk."""
     distill_steps: int = 1000
-    """Optimizer steps of each distillation."""
+    """Optimizer steps of each distillation (its first round with --dagger-rounds)."""
+    hidden_dim: int | None = None
+    """Student MLP width (None: the teacher's, starting from its weights)."""
+    n_blocks: int | None = None
+    """Student MLP blocks (None: the teacher's)."""
+    lr: float = 3e-4
+    """Distillation peak learning rate."""
+    dagger_rounds: int = 0
+    """DAgger rounds after the first distillation (dmrl distill --dagger-rounds)."""
+    dagger_episodes: int = 100
+    """Student episodes per DAgger round."""
+    dagger_steps: int = 500
+    """Optimizer steps per DAgger round."""
+    teacher_rows: bool = True
+    """Evaluate the teacher (DDIM-10, and DDIM-1/2 without distillation) too."""
+    eval_seed: int = 100_000
+    """First evaluation seed: 100000 for results, 200000 for choosing settings."""
+    name: str = "student"
+    """Results file: benchmarks/results/<name>.json and .md."""
     episodes: int = 300
     """Expert episodes in the store."""
     eval_episodes: int = 100
@@ -42,7 +63,14 @@ class Args:
     eval_envs: int = 2
     """Evaluation env processes."""
     cost_steps: int = 200
-    """Steps of the back-to-back timing of teacher training and distillation (0: skip it)."""
+    """Teacher training steps timed just before each distillation run here (0: no cost column)."""
+
+    def tag(self, steps: int) -> str:
+        """The student run's directory name (without the seed)."""
+        size = f"_h{self.hidden_dim}b{self.n_blocks}" if self.hidden_dim or self.n_blocks else ""
+        lr = f"_lr{self.lr:g}" if self.lr != 3e-4 else ""
+        dagger = f"_d{self.dagger_rounds}x{self.dagger_episodes}e{self.dagger_steps}" if self.dagger_rounds else ""
+        return f"student{steps}_s{self.distill_steps}{size}{lr}{dagger}"
 
 
 def decision_ms(planner, policy, reps: int = 200) -> float:
@@ -72,25 +100,33 @@ def latencies(policy) -> dict[str, float]:
     return out
 
 
-def step_seconds(args: Args, store: Path, teacher: Path, student_steps: int) -> tuple[float, float]:
-    """Seconds per step of the teacher's training and of a distillation, timed back to back in this process
-    (``cost_steps`` each, one after the other, so both see the same machine)."""
-    import shutil
+def teacher_step_seconds(args: Args, store: Path) -> float:
+    """Seconds per step of the teacher's training (``cost_steps`` steps of configs/grasp_diffusion_state.yaml)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        t_run, s_run = Path(tmp) / "t", Path(tmp) / "s"
-        argv = ["train", "--config", "configs/grasp_diffusion_state.yaml", "--dataset", str(store), "--out", str(t_run)]
+        run = Path(tmp) / "t"
+        argv = ["train", "--config", "configs/grasp_diffusion_state.yaml", "--dataset", str(store), "--out", str(run)]
         assert dmrl([*argv, "--steps", str(args.cost_steps), "--eval-episodes", "0"]) == 0
-        argv = ["distill", "--teacher", str(teacher), "--out", str(s_run), "--steps", str(args.cost_steps)]
-        assert dmrl([*argv, "--student-steps", str(student_steps)]) == 0
-        per = [json.loads((r / "summary.json").read_text())["train_seconds"] / args.cost_steps for r in (t_run, s_run)]
-        shutil.rmtree(tmp, ignore_errors=True)
-    return per[0], per[1]
+        return json.loads((run / "summary.json").read_text())["train_seconds"] / args.cost_steps
+
+
+def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int) -> float:
+    """Run ``dmrl distill`` into ``out``; -> its wall seconds (rounds and DAgger rollouts included)."""
+    argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--seed", str(seed), "--lr", str(args.lr)]
+    argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
+    argv += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
+    argv += ["--n-blocks", str(args.n_blocks)] if args.n_blocks else []
+    if args.dagger_rounds:
+        argv += ["--dagger-rounds", str(args.dagger_rounds), "--dagger-episodes", str(args.dagger_episodes)]
+        argv += ["--dagger-steps", str(args.dagger_steps), "--eval-envs", str(args.eval_envs)]
+    t = time.perf_counter()
+    assert dmrl(argv) == 0
+    return time.perf_counter() - t
 
 
 def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra) -> dict:
-    seeds = list(range(100_000, 100_000 + args.eval_episodes))
+    seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
     result = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs).summary()
     out = {
         "policy": name,
@@ -131,35 +167,47 @@ def main() -> None:
             assert dmrl([*argv, "--seed", str(seed), "--eval-episodes", "0"]) == 0
         teacher, meta = load_policy(run / "checkpoint")
         env = (meta["env_id"], meta["env_kwargs"])
-        teacher_s = meta["train_seconds"]
-        rows.append(row(f"teacher DDIM-{teacher.sampler.num_steps}", seed, teacher, env, args, train_seconds=teacher_s))
-        teacher_success = {"teacher_success_rate": rows[-1]["success_rate"]}
-        for n in sorted(set(args.student_steps)):  # the same network with as many calls, without distillation
-            teacher.set_sampler(n)
-            rows.append(row(f"teacher DDIM-{n} (no distillation)", seed, teacher, env, args, **teacher_success))
+        teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
+        teacher_success = {}
+        if args.teacher_rows:
+            name = f"teacher DDIM-{teacher.sampler.num_steps}"
+            rows.append(row(name, seed, teacher, env, args, train_seconds=meta["train_seconds"]))
+            teacher_success = {"teacher_success_rate": rows[-1]["success_rate"]}
+            for n in sorted(set(args.student_steps)):  # the same network with as many calls, without distillation
+                teacher.set_sampler(n)
+                rows.append(row(f"teacher DDIM-{n} (no distillation)", seed, teacher, env, args, **teacher_success))
         for steps in args.student_steps:
-            srun = args.out / f"student{steps}_s{args.distill_steps}_seed{seed}"
+            srun = args.out / f"{args.tag(steps)}_seed{seed}"
+            extra: dict = dict(teacher_success)
             if not (srun / "checkpoint").exists():
-                argv = ["distill", "--teacher", str(run / "checkpoint"), "--out", str(srun), "--seed", str(seed)]
-                assert dmrl([*argv, "--steps", str(args.distill_steps), "--student-steps", str(steps)]) == 0
-            student, smeta = load_policy(srun / "checkpoint")
-            extra = {**teacher_success, "train_seconds": smeta["train_seconds"]}
-            if args.cost_steps and seed == args.seeds[0]:
-                t_step, s_step = step_seconds(args, store, run / "checkpoint", steps)
-                teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
-                extra["cost_vs_teacher"] = (s_step * args.distill_steps) / (t_step * teacher_steps)
-            rows.append(row(f"student {steps}-step", seed, student, env, args, **extra))
+                cost = {}
+                if args.cost_steps:
+                    t_step = teacher_step_seconds(args, store)
+                    cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
+                wall = distill(args, run / "checkpoint", srun, seed, steps)
+                if cost:
+                    cost |= {
+                        "distill_wall_s": wall,
+                        "cost_vs_teacher": wall / (teacher_steps * cost["teacher_s_per_step"]),
+                    }
+                    (srun / "cost.json").write_text(json.dumps(cost) + "\n")
+            if (srun / "cost.json").exists():
+                extra |= json.loads((srun / "cost.json").read_text())
+            student, _ = load_policy(srun / "checkpoint")
+            rows.append(row(f"{args.tag(steps)}", seed, student, env, args, **extra))
     meta = {
         **machine(),
         "command": " ".join(["python benchmarks/distill.py", *sys.argv[1:]]),
         "args": {k: str(v) for k, v in vars(args).items()},
-        "note": "train_seconds: the runs' wall times on 2 cores (other jobs ran beside some of them); cost_vs_teacher: "
-        "distill_steps x seconds per distillation step / (teacher steps x seconds per teacher step), both timed back "
-        "to back over cost_steps steps; chunk_ms_torch: predict_chunk at batch 1, one thread, eager torch",
+        "note": "train_seconds: the teacher's training wall time when it was trained (2 cores, other jobs beside it); "
+        "cost_vs_teacher: distill_wall_s (the whole dmrl distill run, DAgger rollouts included) / (teacher steps x "
+        "teacher_s_per_step), the teacher's step timed over cost_steps steps just before the distillation, "
+        "load_avg_1min the machine's load then; decision_ms_*: one plan at batch 1, one thread",
     }
     columns = ["policy", "seed", "episodes", "success_rate", "ci_low", "ci_high", "route_left", "route_right"]
     columns += ["collision_rate", "teacher_success_rate", "decision_ms_torch", "decision_ms_onnxruntime"]
-    write_results("student", rows, meta, [*columns, "train_seconds", "cost_vs_teacher"])
+    columns += ["train_seconds", "distill_wall_s", "teacher_s_per_step", "cost_vs_teacher", "load_avg_1min"]
+    write_results(args.name, rows, meta, columns)
 
 
 if __name__ == "__main__":

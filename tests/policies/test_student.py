@@ -149,6 +149,7 @@ def test_distill_command_trains_a_student_that_loads_and_evaluates(tmp_path, tea
     [
         (["--student-steps", "3"], "student steps"),
         (["--hidden-dim", "0"], "hidden_dim"),
+        (["--dagger-rounds", "-1"], "--dagger-rounds"),
     ],
 )
 def test_distill_bad_flags_are_one_line(tmp_path, teacher_run, capsys, extra, needle):
@@ -174,3 +175,66 @@ def test_distill_normalizer_comes_from_the_teacher(teacher_run):
     student = StudentPolicy(chunk, scfg, dict(teacher.obs_dims), teacher.action_dim, other)
     student.copy_teacher(teacher)
     torch.testing.assert_close(student.normalizer.actions_scale, teacher.normalizer.actions_scale)
+
+
+def test_visited_windows_are_labelled_by_the_teachers_chain_from_the_same_noise():
+    from dmrl.algos.distill import mix_windows
+
+    teacher, student = _pair(steps=4)
+    student.copy_teacher(teacher)
+    student.attach_teacher(teacher)
+    batch = {"obs": {"state": torch.zeros(6, 2, 3)}, "action": torch.zeros(6, 8, 2)}
+    windows = {"state": 5.0 + torch.randn(10, 2, 3).numpy()}
+    mixed = mix_windows(batch, windows, 0.5, torch.Generator().manual_seed(0))
+    state = mixed["obs"]["state"]
+    # The first half are visited windows (rows of `windows`), the rest the store's; actions untouched.
+    for row in state[:3]:
+        assert any(torch.allclose(row, torch.as_tensor(w)) for w in windows["state"])
+    assert torch.equal(state[3:], torch.zeros(3, 2, 3)) and mixed["action"] is batch["action"]
+    seen = {}
+    chain = student.teacher_chain
+
+    def spy(obs, z):
+        seen["obs"], seen["z"] = obs, z
+        return chain(obs, z)
+
+    student.teacher_chain = spy
+    torch.manual_seed(3)
+    loss = student.loss(mixed)["loss"]
+    # The teacher labels the visited windows themselves, from the noise the student starts from: its chain from z
+    # at those windows is the target, so recomputing it there reproduces the loss.
+    assert torch.equal(seen["obs"]["state"], state)
+    points, target = chain({"state": state}, seen["z"])
+    torch.testing.assert_close(points[0], seen["z"])
+    assert loss.item() > 0
+    torch.manual_seed(3)
+    student.teacher_chain = lambda obs, z: (points, target)
+    torch.testing.assert_close(student.loss(mixed)["loss"], loss)
+
+
+def test_distill_dagger_rounds_add_the_windows_the_student_planned_from(tmp_path, teacher_run):
+    import gymnasium as gym
+    import numpy as np
+
+    out = tmp_path / "student"
+    args = ["distill", "--teacher", str(teacher_run), "--out", str(out), "--steps", "2", "--batch-size", "8"]
+    args += ["--dagger-rounds", "1", "--dagger-episodes", "1", "--dagger-steps", "2", "--eval-envs", "1"]
+    assert main(args) == 0
+    rounds = tmp_path / "student-dagger"
+    visited = dict(np.load(rounds / "visited.npz"))
+    student, meta = load_policy(out / "checkpoint")
+    to = student.chunk.n_obs_steps
+    assert visited["state"].ndim == 3 and visited["state"].shape[1] == to and len(visited["state"]) >= 2
+    # The first window is the one planned at the first step of seed 300000: its history padded with the reset frame.
+    env = gym.make(meta["env_id"], **{**meta["env_kwargs"], "obs_modes": ("state",)})
+    first, _ = env.reset(seed=300_000)
+    env.close()
+    for frame in visited["state"][0]:
+        np.testing.assert_allclose(frame, first["state"], rtol=1e-6)
+    log = [json.loads(x) for x in (rounds / "rollouts.jsonl").read_text().splitlines()]
+    assert [x["round"] for x in log] == [0] and log[0]["episodes"] == 1
+    # The last round continues round 0's student (not the teacher's weights) with the visited windows mixed in.
+    config = json.loads((out / "config.json").read_text())
+    assert config["init"] == str(rounds / "round0" / "checkpoint") and config["algo"]["from_teacher"] is False
+    assert config["algo"]["visited"] == str(rounds / "visited.npz")
+    assert json.loads((out / "summary.json").read_text())["train_steps"] == 2

@@ -1,10 +1,17 @@
 """``dmrl distill --teacher CHECKPOINT``: a one- or two-step student of a diffusion policy, trained by the one
-training loop (``--algo.type distill``, ``--policy.type student``) with the teacher's own observation settings."""
+training loop (``--algo.type distill``, ``--policy.type student``) with the teacher's own observation settings.
+
+With ``--dagger-rounds R`` the run has R + 1 rounds: round 0 distils on the store; after each round the student
+acts in closed loop for ``--dagger-episodes`` episodes, the windows it planned from are added to the visited set,
+and the next round continues from that student with the visited windows in every batch. Rounds 0 .. R-1 live in
+``OUT-dagger/round{r}``, with the visited windows in ``OUT-dagger/visited.npz``; the last round is ``OUT``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,15 @@ class DistillCommandConfig:
     train_encoder: bool = False
     """Fine-tune the student's copy of the teacher's encoder (default: frozen)."""
     steps: int = 1000
-    """Optimizer steps."""
+    """Optimizer steps (of round 0 when --dagger-rounds)."""
+    dagger_rounds: int = 0
+    """DAgger rounds after the first distillation: roll the student out, add the windows it visited, distil again."""
+    dagger_episodes: int = 100
+    """Closed-loop episodes of the student per DAgger round (env seeds 300000 + round x episodes ..)."""
+    dagger_steps: int = 500
+    """Optimizer steps of each DAgger round."""
+    visited_fraction: float = 0.5
+    """Share of each batch drawn from the visited windows in DAgger rounds."""
     batch_size: int = 256
     """Observations per step (each with a fresh noise and the teacher's DDIM chain from it)."""
     lr: float = 3e-4
@@ -99,15 +114,105 @@ class DistillCommandConfig:
             resume=self.resume,
             chunk=from_dict(ChunkConfig, saved["chunk"], "chunk"),
             policy=student,
-            algo=DistillConfig(lr=self.lr, teacher=self.teacher, train_encoder=self.train_encoder),
+            algo=DistillConfig(
+                lr=self.lr,
+                teacher=self.teacher,
+                train_encoder=self.train_encoder,
+                visited_fraction=self.visited_fraction,
+            ),
             engine=self.engine,
         )
+
+    def __post_init__(self) -> None:
+        if self.dagger_rounds < 0 or self.dagger_episodes < 1 or self.dagger_steps < 1:
+            raise ValueError(
+                f"--dagger-rounds / --dagger-episodes / --dagger-steps: got {self.dagger_rounds} / "
+                f"{self.dagger_episodes} / {self.dagger_steps}; allowed >= 0 / >= 1 / >= 1"
+            )
+
+
+DAGGER_SEED = 300_000
+"""First env seed of the students' closed-loop episodes: apart from evaluation (100000..) and selection (200000..)."""
+
+
+def visited_windows(policy, env_id: str, env_kwargs: dict, seeds: list[int], n_envs: int) -> tuple[dict, dict]:
+    """Roll ``policy`` out on ``seeds``; -> (the raw observation windows it planned from {key: (N, To, ...)},
+    the episodes' evaluation summary). One env steps in this process; more step in worker processes."""
+    import numpy as np
+    import torch
+
+    from dmrl.train.evaluate import evaluate
+
+    got: list[dict] = []
+
+    def plan(obs):
+        got.append({k: v.cpu().numpy() if torch.is_tensor(v) else np.asarray(v, dtype=str) for k, v in obs.items()})
+        return policy.predict_chunk(obs)
+
+    policy.set_planner(plan)
+    try:
+        result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=n_envs, workers=n_envs > 1).summary()
+    finally:
+        policy.set_planner(None)
+    return {k: np.concatenate([g[k] for g in got]) for k in got[0]}, result
+
+
+def run_dagger(cfg: DistillCommandConfig) -> dict:
+    """Round 0 on the store, then ``dagger_rounds`` rounds on the store plus the student's visited windows; a round
+    whose checkpoint exists is not run again (a crashed run goes on from its last finished round)."""
+    import numpy as np
+
+    from dmrl.algos.distill import load_windows, save_windows
+    from dmrl.policies.checkpoint import load_policy
+    from dmrl.train.run import train
+
+    base = cfg.train_config()
+    rounds = Path(f"{cfg.out}-dagger")
+    if cfg.overwrite and rounds.exists():
+        foreign = [p.name for p in rounds.iterdir() if not p.name.startswith(("round", "visited", "rollouts"))]
+        if foreign:
+            raise FileExistsError(f"--overwrite refuses to delete {rounds}: it holds {foreign[:3]}")
+        shutil.rmtree(rounds)
+    rounds.mkdir(parents=True, exist_ok=True)
+    visited_path = rounds / "visited.npz"
+    prev: Path | None = None
+    summary: dict = {}
+    for r in range(cfg.dagger_rounds + 1):
+        last = r == cfg.dagger_rounds
+        out = cfg.out if last else rounds / f"round{r}"
+        algo = dataclasses.replace(base.algo, from_teacher=prev is None, visited=visited_path if r else None)
+        run = dataclasses.replace(
+            base,
+            out=out,
+            init=prev,
+            steps=cfg.steps if r == 0 else cfg.dagger_steps,
+            eval_episodes=cfg.eval_episodes if last else 0,
+            algo=algo,
+        )
+        if last or not (out / "checkpoint" / "config.json").is_file():
+            summary = train(run)
+        if last:
+            break
+        prev = out / "checkpoint"
+        own = rounds / f"visited{r}.npz"
+        if not own.exists():
+            student, meta = load_policy(prev)
+            first = DAGGER_SEED + r * cfg.dagger_episodes
+            seeds = list(range(first, first + cfg.dagger_episodes))
+            windows, result = visited_windows(student, meta["env_id"], meta["env_kwargs"], seeds, cfg.eval_envs)
+            save_windows(own, windows)
+            n = len(next(iter(windows.values())))
+            with (rounds / "rollouts.jsonl").open("a") as f:
+                f.write(json.dumps({"round": r, "windows": n, **result}, default=str) + "\n")
+        parts = [load_windows(rounds / f"visited{i}.npz") for i in range(r + 1)]
+        save_windows(visited_path, {k: np.concatenate([w[k] for w in parts]) for k in parts[0]})
+    return summary
 
 
 def run_distill(cfg: DistillCommandConfig) -> None:
     from dmrl.train.run import train
 
     train_cfg = cfg.train_config()
-    summary = train(train_cfg)
+    summary = run_dagger(cfg) if cfg.dagger_rounds else train(train_cfg)
     print(json.dumps(summary, indent=2, default=str))
     print(f"checkpoint: {train_cfg.out / 'checkpoint'}")
