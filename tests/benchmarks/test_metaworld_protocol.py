@@ -84,3 +84,15 @@ def test_a_run_outside_the_protocol_is_a_one_line_error(mw):
     for bad in ("pick-place-v3:vae", "reach-v3:diffusion:0", "pick-place-v3:mlp:0", "pick-place-v3:vae:7"):
         with pytest.raises(ValueError, match="--runs"):
             mw.parse_run(bad)
+
+
+def test_read_curve_takes_the_whole_protocol_curve_only(mw, tmp_path):
+    steps = list(range(mw.CURVE_EVERY, mw.STEPS + 1, mw.CURVE_EVERY))
+    lines = [{"step": s, "loss": 0.1} for s in range(50, mw.STEPS + 1, 50)]
+    lines += [{"step": s, "curve_success": i / 10} for i, s in enumerate(steps)]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    assert mw.read_curve(metrics) == [[s, i / 10] for i, s in enumerate(steps)]
+    metrics.write_text("\n".join(json.dumps(x) for x in lines[:-1]) + "\n")  # the last point missing
+    with pytest.raises(ValueError, match="expected"):
+        mw.read_curve(metrics)
