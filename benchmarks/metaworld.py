@@ -276,6 +276,7 @@ def run_one(task: str, policy: str, seed: int) -> Path:
     segments = json.loads(seg_path.read_text()) if resume and seg_path.is_file() else []
     if resume:
         argv[argv.index("--overwrite")] = "--resume"
+    started = machine()  # the commit that runs, not the one at the end of a long run
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t0 = time.perf_counter()
     with LoadSampler() as load:
@@ -305,7 +306,8 @@ def run_one(task: str, policy: str, seed: int) -> Path:
         "demos": DEMOS,
         "demo_success": demo_success,
         "protocol": protocol(),
-        "machine": machine(),
+        "machine": started,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join(["python", "benchmarks/metaworld.py", *sys.argv[1:]]),
         "dmrl_argv": ["dmrl", *argv],
     }
@@ -337,14 +339,18 @@ def _pm(mean: float | None, std: float | None) -> str:
     return "–" if mean is None else f"{mean:.1f} ± {std:.1f}"
 
 
+def _or_dash(x: float | None) -> str:
+    return "–" if x is None else str(x)
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     """The results table as markdown: success in %, mean ± std over the seeds done."""
     head = "| task | group | policy | success top-5 (%) | success final (%) | seeds | DP (v2) | DP3 (v2) | minutes |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
     body = "".join(
         f"| {r['task']} | {r['group']} | {r['policy']} | {_pm(r['success_top5'], r['success_top5_std'])} | "
-        f"{_pm(r['success_final'], r['success_final_std'])} | {r['seeds']} | {r['published_dp'] or '–'} | "
-        f"{r['published_dp3'] or '–'} | {' '.join(map(str, r['train_minutes'])) or '–'} |\n"
+        f"{_pm(r['success_final'], r['success_final_std'])} | {r['seeds']} | {_or_dash(r['published_dp'])} | "
+        f"{_or_dash(r['published_dp3'])} | {' '.join(map(str, r['train_minutes'])) or '–'} |\n"
         for r in rows
     )
     bullets = "".join(f"- {k}: {v}\n" for k, v in meta.items())

@@ -96,3 +96,8 @@ def test_read_curve_takes_the_whole_protocol_curve_only(mw, tmp_path):
     metrics.write_text("\n".join(json.dumps(x) for x in lines[:-1]) + "\n")  # the last point missing
     with pytest.raises(ValueError, match="expected"):
         mw.read_curve(metrics)
+
+
+def test_a_published_zero_is_shown_as_zero(mw):
+    rows, _ = mw.aggregate_rows({}, [("pick-place-v3", "diffusion", 0)])
+    assert "| 0/1 | 0 | 12 |" in mw.markdown(rows, {"runs": "runs done / planned: 0 / 1"})
