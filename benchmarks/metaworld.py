@@ -274,20 +274,26 @@ def run_one(task: str, policy: str, seed: int) -> Path:
     state = out / "state"
     resume = (out / "config.json").is_file() and state.is_dir() and any(state.iterdir())
     segments = json.loads(seg_path.read_text()) if resume and seg_path.is_file() else []
+    complete = not resume or seg_path.is_file()  # a resumed run whose earlier minutes were not recorded
     if resume:
         argv[argv.index("--overwrite")] = "--resume"
     started = machine()  # the commit that runs, not the one at the end of a long run
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t0 = time.perf_counter()
+    code = 1
     with LoadSampler() as load:
-        code = dmrl(argv)
-        ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-        cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1, strict=True)) / 60
-        segments.append({"minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": cpu, "load": load.samples})
-        seg_path.write_text(json.dumps(segments))
+        try:
+            code = dmrl(argv)
+        finally:  # an interrupted segment's minutes count too (Ctrl-C: dmrl saves a state and returns 130)
+            ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+            cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1, strict=True))
+            seg = {"minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": cpu / 60, "load": load.samples}
+            seg_path.write_text(json.dumps([*segments, seg]))
+    segments.append(seg)
     if code != 0:
         raise SystemExit(f"dmrl {' '.join(argv)} failed")
     curve = read_curve(out / "metrics.jsonl")
+    summary = json.loads((out / "summary.json").read_text())
     top5, final = top5_final([s for _, s in curve])
     loads = [x for seg in segments for x in seg["load"]]
     record = {
@@ -300,6 +306,9 @@ def run_one(task: str, policy: str, seed: int) -> Path:
         "train_minutes": round(sum(seg["minutes"] for seg in segments), 1),
         "cpu_minutes": round(sum(seg["cpu_minutes"] for seg in segments), 1),
         "segments": len(segments),
+        "minutes_complete": complete,
+        # Training alone (no evaluation points), from dmrl's summary; only for a run made in one segment.
+        "train_only_minutes": round(summary["train_seconds"] / 60, 1) if len(segments) == 1 else None,
         "nice": os.nice(0),
         "load_mean": round(sum(loads) / max(len(loads), 1), 2),
         "load_max": round(max(loads, default=0.0), 2),
