@@ -14,12 +14,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def mw():
     # Not imported as `metaworld`: that is the Meta-World package's name.
+    path = list(sys.path)
     spec = importlib.util.spec_from_file_location("mw_protocol", ROOT / "benchmarks" / "metaworld.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
     spec.loader.exec_module(module)
     yield module
     del sys.modules[spec.name]
+    sys.path[:] = path
 
 
 def write_run(mw, runs: Path, task: str, policy: str, seed: int, curve: list[float], proto: dict) -> None:
