@@ -284,3 +284,28 @@ def test_replay_ratio_holds_env_steps_per_update_both_ways(tmp_path, dataset):
         _cfg(dataset, tmp_path / "x", source={**online, "backend": "ray"})
     with pytest.raises(ValueError, match="env-steps-per-update: got -1"):
         _cfg(dataset, tmp_path / "x", source={**online, "env_steps_per_update": -1})
+
+
+def test_dsrl_online_collects_with_the_steered_policy_and_keeps_the_policy_frozen(tmp_path, dataset):
+    from dmrl.train.online import OnlineSource
+
+    acting = []
+    start = OnlineSource.start
+
+    def spy(self, algo, start_step):
+        acting.append(type(algo.evaluation_policy()).__name__)
+        return start(self, algo, start_step)
+
+    dsrl = {"type": "dsrl", "actor_hidden": 16, "critic": {"hidden": 32, "depth": 2}}
+    OnlineSource.start = spy
+    try:
+        summary = train(_cfg(dataset, tmp_path / "run", algo=dsrl, steps=4, source=ONLINE), progress=False)
+    finally:
+        OnlineSource.start = start
+    assert acting == ["SteeredPolicy"] and summary["train_steps"] == 4 and summary["env_steps"] > 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any("critic_noise_loss" in x and "actor_loss" in x for x in lines)
+    policy, _ = load_policy(tmp_path / "run" / "checkpoint")
+    assert policy.name == "diffusion"
+    with pytest.raises(ValueError, match="bc-data successes is an option of"):
+        _cfg(dataset, tmp_path / "x", algo=dsrl, source={**ONLINE, "bc_data": "successes"})

@@ -5,6 +5,7 @@ from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
 from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
 from dmrl.algos.distill import Distill, DistillConfig
+from dmrl.algos.dsrl import DSRL, DSRLConfig, SteeredPolicy
 from dmrl.algos.fql import FQL, FQLConfig, OneStepPolicy
 from dmrl.algos.iql import IDQL, IDQLConfig
 from dmrl.algos.qc import QC, QCConfig
@@ -18,6 +19,7 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "qc": (QC, QCConfig, "diffusion"),
     "idql": (IDQL, IDQLConfig, "diffusion"),
     "fql": (FQL, FQLConfig, "diffusion"),
+    "dsrl": (DSRL, DSRLConfig, "diffusion"),
     "distill": (Distill, DistillConfig, "student"),
 }
 
@@ -40,6 +42,7 @@ def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str 
 __all__ = [
     "ALGOS",
     "BC",
+    "DSRL",
     "FQL",
     "IDQL",
     "QC",
@@ -52,10 +55,12 @@ __all__ = [
     "DiffusionQLConfig",
     "Distill",
     "DistillConfig",
+    "DSRLConfig",
     "FQLConfig",
     "IDQLConfig",
     "OneStepPolicy",
     "QCConfig",
+    "SteeredPolicy",
     "TD3BCConfig",
     "chunk_td_target",
     "polyak_update",

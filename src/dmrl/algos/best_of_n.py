@@ -22,19 +22,17 @@ def repeat_obs(obs: dict, n: int) -> dict:
     }
 
 
-class CriticRankedPolicy(nn.Module):
-    """Best-of-N action selection: the actor samples N chunks per observation, the critic's min-ensemble Q picks one.
+class PlanningWrapper(nn.Module):
+    """An evaluation-time wrapper that plans each chunk its own way around an actor (composition, not a subclass):
+    it offers what evaluation calls on a policy (``act``, ``reset``, ``predict_chunk``, ``chunk``, ``normalizer``,
+    ``name``, ``.to()``, ``.eval()``) and keeps its own receding-horizon queue, so it never disturbs the actor's.
+    ``chunk`` starts as the actor's; changing it (e.g. Ta, dmrl.train.evaluate.set_action_steps) changes how this
+    wrapper executes, not the actor. It is never saved: the checkpoint is the plain actor. Subclasses define
+    ``predict_chunk`` (raw obs {key: (B, To, ...)} -> raw chunk (B, Tp, Da))."""
 
-    An evaluation-time wrapper around the actor (composition, not a subclass): it offers what evaluation calls on a
-    policy (``act``, ``reset``, ``predict_chunk``, ``chunk``, ``normalizer``, ``name``, ``.to()``, ``.eval()``)
-    and keeps its own receding-horizon queue, so it never disturbs the actor's. ``chunk`` starts as the actor's;
-    changing it (e.g. Ta, dmrl.train.evaluate.set_action_steps) changes how this wrapper executes, not the actor.
-    It is never saved: the checkpoint is the plain actor, which loads without a critic.
-    """
-
-    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int):
+    def __init__(self, actor: ChunkPolicy):
         super().__init__()
-        self.actor, self.critic, self.n_samples = actor, critic, n_samples
+        self.actor = actor
         self.chunk = actor.chunk
         self._actions = ActionQueue()
 
@@ -65,9 +63,21 @@ class CriticRankedPolicy(nn.Module):
     @torch.inference_mode()
     def act(self, obs: dict) -> np.ndarray:
         """One env step {key: (B, ...)} or unbatched -> actions (B, Da) or (Da,), as :meth:`ChunkPolicy.act` (the
-        same timeline), with each chunk planned by this wrapper's best-of-N ``predict_chunk``."""
+        same timeline), with each chunk planned by this wrapper's ``predict_chunk``."""
         device = next(self.parameters()).device
         return self._actions.step(obs, self.chunk, self.actor.action_dim, device, self.predict_chunk)
+
+    def predict_chunk(self, obs: dict) -> Tensor:
+        raise NotImplementedError
+
+
+class CriticRankedPolicy(PlanningWrapper):
+    """Best-of-N action selection: the actor samples N chunks per observation, the critic's min-ensemble Q picks one
+    (a :class:`PlanningWrapper`; the checkpoint is the plain actor, which loads without a critic)."""
+
+    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int):
+        super().__init__(actor)
+        self.critic, self.n_samples = critic, n_samples
 
     @torch.no_grad()
     def predict_chunk(self, obs: dict) -> Tensor:

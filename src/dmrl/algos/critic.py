@@ -71,10 +71,13 @@ class ChunkCritic(nn.Module):
     statistics, but its own weights: the critic's TD gradients never move the actor's encoder. By default one
     encoder feeds all E heads (their features (B, D) are shared, the heads are independent); with
     ``encoder_per_member`` each head has its own, so the ensemble's errors are not correlated through it.
-    ``with_actions=False`` builds a state-value ensemble V(obs) -> (E, B) of the same shape (IQL's V).
+    ``with_actions=False`` builds a state-value ensemble V(obs) -> (E, B) of the same shape (IQL's V);
+    ``action_rows`` reads (B, action_rows, Da) inputs instead of Ta rows (DSRL's critic of whole (Tp, Da) noises).
     """
 
-    def __init__(self, policy: ChunkPolicy, config: CriticConfig, with_actions: bool = True):
+    def __init__(
+        self, policy: ChunkPolicy, config: CriticConfig, with_actions: bool = True, action_rows: int | None = None
+    ):
         super().__init__()
         self.config = config
         self.chunk = policy.chunk
@@ -89,7 +92,8 @@ class ChunkCritic(nn.Module):
         else:
             self.encoder = build_encoder(policy.chunk, policy.obs_dims)
             out_dim = self.encoder.out_dim
-        d_in = out_dim + (self.chunk.n_action_steps * policy.action_dim if with_actions else 0)
+        rows = self.chunk.n_action_steps if action_rows is None else action_rows
+        d_in = out_dim + (rows * policy.action_dim if with_actions else 0)
         dims = [d_in] + [config.hidden] * config.depth
         self.layers = nn.ModuleList(
             EnsembleLinear(config.n_critics, a, b) for a, b in zip(dims[:-1], dims[1:], strict=True)

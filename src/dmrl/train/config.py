@@ -161,7 +161,8 @@ C = TypeVar("C", bound=ChunkConfig)
 class TrainConfig(Generic[P, A, S, C]):
     """``dmrl train``: a chunk policy trained by an algorithm on an episode store (offline) or on collected
     experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type
-    {bc,diffusion-ql,td3-bc,qc,idql,fql} and --source.type {offline,online}; this help lists the chosen types' flags."""
+    {bc,diffusion-ql,td3-bc,qc,idql,fql,dsrl} and --source.type {offline,online}; this help lists the chosen types'
+    flags."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
     """Episode store from dmrl collect."""
@@ -190,7 +191,7 @@ class TrainConfig(Generic[P, A, S, C]):
     policy: P = choice(POLICY_TYPES, "diffusion")
     """The policy (--policy.type diffusion | gaussian | vae)."""
     algo: A = choice(ALGO_TYPES, "bc")
-    """The algorithm (--algo.type bc | diffusion-ql | td3-bc | qc | idql | fql)."""
+    """The algorithm (--algo.type bc | diffusion-ql | td3-bc | qc | idql | fql | dsrl)."""
     source: S = choice(SOURCE_TYPES, "offline")
     """Where batches come from (--source.type offline | online)."""
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
@@ -220,7 +221,8 @@ class TrainConfig(Generic[P, A, S, C]):
             )
         if self.online and self.batches != "transitions":
             raise ValueError(
-                "--source.type online trains an actor-critic: pass --algo.type diffusion-ql, qc, idql or td3-bc"
+                "--source.type online trains an actor-critic: pass --algo.type diffusion-ql, qc, idql, fql, dsrl or "
+                "td3-bc"
             )
         if self.online and self.source.bc_data != "replay" and self.algo_type not in SELF_IMITATING:
             raise ValueError(
