@@ -33,22 +33,25 @@ from dmrl.train.offline import env_kwargs_from_store
 # Online arms: name -> (start from the BC checkpoint and keep the demonstrations in the replay, prioritized replay,
 # algorithm). bc_rl_uniform is bc_rl with uniform sampling: the PER-vs-uniform comparison (--arms bc_rl
 # bc_rl_uniform --name rl_per). qc: Q-chunking from the same BC start, its BC proposal trained on --bc-data, the
-# critic choosing every executed chunk (best-of-N) in collectors and evaluation.
+# critic choosing every executed chunk (best-of-N) in collectors and evaluation. dsrl: the BC policy frozen, an actor
+# choosing its initial noise by a critic (it has no BC term: its bc_data is always replay).
 ONLINE = {
     "bc_rl": (True, True, "diffusion-ql"),
     "scratch": (False, True, "diffusion-ql"),
     "bc_rl_uniform": (True, False, "diffusion-ql"),
     "qc": (True, True, "qc"),
     "qc_uniform": (True, False, "qc"),
+    "dsrl": (True, True, "dsrl"),
 }
 Arm = Literal[("bc", *ONLINE)]  # --arms choices
-COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4", "qc": "C3", "qc_uniform": "C5"}
+COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4", "qc": "C3", "qc_uniform": "C5", "dsrl": "C6"}
 LABELS = {
     "bc_rl": "(c) BC -> online (PER)",
     "scratch": "(a) online from scratch",
     "bc_rl_uniform": "(c) with uniform replay",
     "qc": "(d) BC -> online QC (PER)",
     "qc_uniform": "(d) QC with uniform replay",
+    "dsrl": "(e) BC -> online DSRL (noise steering)",
 }
 
 
@@ -199,7 +202,10 @@ def main() -> None:
             if args.offline_share and init:  # the demonstrations in their own ring, a fixed share of every batch
                 online["offline_share"] = args.offline_share
             eta = scratch_eta if arm == "scratch" else args.eta
-            if algo == "qc":
+            if algo == "dsrl":
+                spec, tag = {"type": "dsrl"}, "w"
+                online["bc_data"] = "replay"
+            elif algo == "qc":
                 spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples}
                 tag = f"n{args.qc_samples}" + (f"b{args.qc_backup_samples}" if args.qc_backup_samples != 8 else "")
             else:
@@ -208,7 +214,7 @@ def main() -> None:
             budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update else ""
             budget += f"_off{args.offline_share:g}" if args.offline_share and init else ""
             budget += "_sel" if args.selection else ""
-            run = args.out / f"{arm}_{tag}_{args.bc_data}{budget}_seed{seed}"  # settings in the name: runs coexist
+            run = args.out / f"{arm}_{tag}_{online['bc_data']}{budget}_seed{seed}"  # settings in the name: runs coexist
             cfg = template(args.config, **base, out=run, algo=spec, policy="diffusion", steps=args.steps,
                            source=online, init=bc_out / "checkpoint" if init else None,
                            eval_seed=first_seed)  # fmt: skip
@@ -228,7 +234,7 @@ def main() -> None:
     def guided(arm: str) -> bool:  # the critic chooses the chunks (best-of-N) or shapes the actor (eta > 0)
         if arm not in ONLINE:
             return False
-        return ONLINE[arm][2] == "qc" or (scratch_eta if arm == "scratch" else args.eta) > 0
+        return ONLINE[arm][2] in ("qc", "dsrl") or (scratch_eta if arm == "scratch" else args.eta) > 0
 
     bc_final = float(np.mean([r["eval"]["success_rate"] for r in results["bc"]])) if results.get("bc") else None
     rows = []
