@@ -134,6 +134,8 @@ class Args:
     """replay ratio: env steps per update, held by pausing collectors or learner (0: both run free)"""
     offline_share: float = 0.0
     """share of each batch drawn from the demonstrations, kept in their own ring (RLPD: 0.5; 0: prefilled replay)"""
+    dsrl_explore: float = 1.0
+    """dsrl: std of the collectors' exploration noise added to the actor's initial noise"""
     qc_backup_samples: int = 8
     """QC's in-support backup: proposal samples maxed over at s'"""
     selection: bool = False
@@ -203,7 +205,7 @@ def main() -> None:
                 online["offline_share"] = args.offline_share
             eta = scratch_eta if arm == "scratch" else args.eta
             if algo == "dsrl":
-                spec, tag = {"type": "dsrl"}, "w"
+                spec, tag = {"type": "dsrl", "explore_std": args.dsrl_explore}, f"x{args.dsrl_explore:g}"
                 online["bc_data"] = "replay"
             elif algo == "qc":
                 spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples}
@@ -270,6 +272,7 @@ def main() -> None:
         "env_steps_per_update": args.env_steps_per_update or None,
         "offline_share": args.offline_share or None,
         "qc_backup_samples": args.qc_backup_samples,
+        "dsrl_explore": args.dsrl_explore,
         "curves": {a: c for a, c in curves.items()},
         "wall_min": round((time.perf_counter() - t0) / 60, 1),
     }

@@ -39,7 +39,15 @@ def test_policy_stays_frozen_noises_stay_in_bounds_and_steering_plans_from_the_a
         steered = algo.evaluation_policy()
         assert isinstance(steered, SteeredPolicy)
         want = algo.policy.raw_actions(algo.policy.sample_chunk(*algo.policy.condition(obs), init_noise=w))
-        torch.testing.assert_close(steered.predict_chunk(obs), want)
+        torch.testing.assert_close(steered.predict_chunk(obs), want)  # evaluation: deterministic
+        exploring = algo.collection_policy()  # collectors: the actor's noise plus N(0, explore_std^2)
+        assert isinstance(exploring, SteeredPolicy) and exploring.explore_std == 1.0
+        torch.manual_seed(0)
+        got = exploring.predict_chunk(obs)
+        torch.manual_seed(0)
+        w_explore = w + torch.randn_like(w)
+        want = algo.policy.raw_actions(algo.policy.sample_chunk(*algo.policy.condition(obs), init_noise=w_explore))
+        torch.testing.assert_close(got, want)
 
 
 def test_needs_the_deterministic_ddim_map_and_good_settings():

@@ -293,8 +293,9 @@ def test_dsrl_online_collects_with_the_steered_policy_and_keeps_the_policy_froze
     start = OnlineSource.start
 
     def spy(self, algo, start_step):
-        acting.append(type(algo.evaluation_policy()).__name__)
-        return start(self, algo, start_step)
+        start(self, algo, start_step)
+        collector = self.collectors.args(0, 0)[1]  # the policy the collector processes were handed
+        acting.append((type(algo.evaluation_policy()).__name__, type(collector).__name__, collector.explore_std))
 
     dsrl = {"type": "dsrl", "actor_hidden": 16, "critic": {"hidden": 32, "depth": 2}}
     OnlineSource.start = spy
@@ -302,7 +303,8 @@ def test_dsrl_online_collects_with_the_steered_policy_and_keeps_the_policy_froze
         summary = train(_cfg(dataset, tmp_path / "run", algo=dsrl, steps=4, source=ONLINE), progress=False)
     finally:
         OnlineSource.start = start
-    assert acting == ["SteeredPolicy"] and summary["train_steps"] == 4 and summary["env_steps"] > 0
+    assert acting == [("SteeredPolicy", "SteeredPolicy", 1.0)]  # evaluation deterministic, collectors explore
+    assert summary["train_steps"] == 4 and summary["env_steps"] > 0
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any("critic_noise_loss" in x and "actor_loss" in x for x in lines)
     policy, _ = load_policy(tmp_path / "run" / "checkpoint")

@@ -10,8 +10,9 @@ f(s, w), so every w gives a chunk on the data's support. A small actor chooses w
   by mean|Q|). No gradient runs through the denoising chain, and the critic only ever scores chunks the frozen policy
   can produce.
 
-It acts through :class:`SteeredPolicy` (the policy denoising from pi(s)), in evaluation and in online collectors,
-whose action noise explores; the checkpoint is the frozen policy, and the actor is rebuilt from the training state.
+It acts through :class:`SteeredPolicy`: the policy denoising from pi(s) in evaluation, and from pi(s) plus Gaussian
+noise (``explore_std``) in online collectors, so exploration stays on the policy's support. The checkpoint is the
+frozen policy, and the actor is rebuilt from the training state.
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ class DSRLConfig:
     """Adam learning rate of the noise actor."""
     critic_lr: float = 3e-4
     """Adam learning rate of both critics."""
+    explore_std: float = 1.0
+    """Online collectors add N(0, std^2) to the actor's noise (1: the policy's own sampling around pi(s))."""
     critic: CriticConfig = field(default_factory=lambda: CriticConfig(encoder_per_member=True))
 
     def __post_init__(self) -> None:
-        if self.noise_bound <= 0 or self.actor_hidden < 8 or self.actor_depth < 1:
+        if self.noise_bound <= 0 or self.actor_hidden < 8 or self.actor_depth < 1 or self.explore_std < 0:
             raise ValueError(
-                f"dsrl: need noise_bound > 0, actor_hidden >= 8, actor_depth >= 1; got {self.noise_bound}, "
-                f"{self.actor_hidden}, {self.actor_depth}"
+                f"dsrl: need noise_bound > 0, actor_hidden >= 8, actor_depth >= 1, explore_std >= 0; got "
+                f"{self.noise_bound}, {self.actor_hidden}, {self.actor_depth}, {self.explore_std}"
             )
         if self.actor_lr <= 0 or self.critic_lr <= 0:
             raise ValueError(f"dsrl: need actor_lr > 0 and critic_lr > 0; got {self.actor_lr}, {self.critic_lr}")
@@ -90,17 +93,21 @@ class NoiseActor(nn.Module):
 
 
 class SteeredPolicy(PlanningWrapper):
-    """The frozen diffusion policy denoising from the actor's noise pi(s) instead of a random one."""
+    """The frozen diffusion policy denoising from the actor's noise pi(s) (+ N(0, explore_std^2) when exploring)
+    instead of a random one."""
 
-    def __init__(self, policy: DiffusionPolicy, noise_actor: NoiseActor):
+    def __init__(self, policy: DiffusionPolicy, noise_actor: NoiseActor, explore_std: float = 0.0):
         super().__init__(policy)
-        self.noise_actor = noise_actor
+        self.noise_actor, self.explore_std = noise_actor, explore_std
 
     @torch.no_grad()
     def predict_chunk(self, obs: dict) -> Tensor:
-        """Raw obs {key: (B, To, ...)} -> raw chunk (B, Tp, Da) = f(s, pi(s)), clipped to the bounds."""
-        chunk = self.actor.sample_chunk(*self.actor.condition(obs), init_noise=self.noise_actor(obs))
-        return self.actor.raw_actions(chunk)
+        """Raw obs {key: (B, To, ...)} -> raw chunk (B, Tp, Da) = f(s, w), w = pi(s) (+ exploration), clipped to
+        the bounds."""
+        w = self.noise_actor(obs)
+        if self.explore_std:
+            w = w + self.explore_std * torch.randn_like(w)
+        return self.actor.raw_actions(self.actor.sample_chunk(*self.actor.condition(obs), init_noise=w))
 
 
 class DSRL(nn.Module):
@@ -151,7 +158,13 @@ class DSRL(nn.Module):
         return {"actor": self.actor_opt, "critic": self.critic_opt}
 
     def evaluation_policy(self) -> ChunkPolicy:
+        """The policy denoising from pi(s): deterministic."""
         return SteeredPolicy(self.actor, self.noise_actor)
+
+    def collection_policy(self) -> ChunkPolicy:
+        """What online collectors act with: the steered policy exploring around pi(s) in noise space, where every
+        noise still gives a chunk the policy can produce."""
+        return SteeredPolicy(self.actor, self.noise_actor, self.config.explore_std)
 
     def chunks_from(self, obs: dict, noise: Tensor) -> Tensor:
         """f(s, w): the frozen policy's deterministic chunks (B, Tp, Da), normalised, from noises (B, Tp, Da)."""

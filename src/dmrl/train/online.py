@@ -194,6 +194,8 @@ class OnlineSource:
         self.rng = np.random.default_rng(cfg.seed + start_step)
         # Collectors and evaluator act as evaluation does: with best-of-N the critic chooses the chunks they run.
         actor_cpu = _cpu_copy(algo.evaluation_policy())
+        # An algorithm may explore with another policy of the same weights (dsrl: noise around its actor's).
+        collect_cpu = _cpu_copy(algo.collection_policy()) if hasattr(algo, "collection_policy") else actor_cpu
         self.buf = ReplayBuffer(transition_spec(actor_cpu), oc.replay, shared=True)
         self.demos = None
         if oc.offline_share > 0:  # the dataset in a ring of its own, sampled uniformly beside the replay (RLPD)
@@ -227,7 +229,7 @@ class OnlineSource:
 
             rings = (self.buf, self.good)
             self.ray, self.board, self.env_steps, self.collectors, self.evaluator = start_ray(
-                cfg, actor_cpu, self.env_id, self.env_kwargs, rings, env_steps
+                cfg, actor_cpu, self.env_id, self.env_kwargs, rings, env_steps, collect_cpu
             )
             self.old_term = signal.signal(signal.SIGTERM, _on_sigterm)  # after ray.init, which may set its own
             return
@@ -235,7 +237,7 @@ class OnlineSource:
         self.pace = Pace(ctx) if oc.env_steps_per_update else None
         good = self.good
         args = lambda i, seed: (  # noqa: E731
-            i, actor_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
+            i, collect_cpu, self.env_id, self.env_kwargs, self.board.handle(), self.buf.handle(), self.env_steps,
             self.stop, oc.exploration_noise, oc.envs_per_collector, cfg.seed * 7919 + seed,
             good.handle() if good else None, self.pace.allowed if self.pace else None,
         )  # fmt: skip

@@ -362,9 +362,13 @@ class RayEvaluator:
         self.running = self.waiting = None
 
 
-def start_ray(cfg: Any, actor: ChunkPolicy, env_id: str, env_kwargs: dict, rings: tuple, env_steps: int) -> tuple:
+def start_ray(
+    cfg: Any, actor: ChunkPolicy, env_id: str, env_kwargs: dict, rings: tuple, env_steps: int,
+    collect: ChunkPolicy | None = None,
+) -> tuple:  # fmt: skip
     """Ray (connected or started), the weight board, collector actors and the evaluator actor (when eval_every)
-    of an online run; rings: (replay, successes ring or None). -> (started Ray, board, step counter, collectors,
+    of an online run; rings: (replay, successes ring or None); ``collect``: what collectors act with (default:
+    ``actor``, the evaluation policy; the same weights). -> (started Ray, board, step counter, collectors,
     evaluator or None)."""
     oc = cfg.source
     ray = import_ray()
@@ -373,7 +377,8 @@ def start_ray(cfg: Any, actor: ChunkPolicy, env_id: str, env_kwargs: dict, rings
     # The actor's weights in the object store once, the ref held here: Ray restarts an actor from its constructor
     # arguments, and a restart fails if they went out of scope.
     actor_ref = ray.put(actor)
-    args = (actor_ref, env_id, env_kwargs, oc.exploration_noise, oc.envs_per_collector)
+    collect_ref = actor_ref if collect is None else ray.put(collect)
+    args = (collect_ref, env_id, env_kwargs, oc.exploration_noise, oc.envs_per_collector)
     collectors = RayCollectors(args, oc.n_collectors, cfg.seed * 7919, board, rings, steps)
     evaluator = None
     if oc.eval_every:
