@@ -4,11 +4,12 @@ The pretrained diffusion policy stays frozen. With deterministic DDIM it maps an
 f(s, w), so every w gives a chunk on the data's support. A small actor chooses w instead of drawing it from N(0, I):
 
 - Q^A(s, a): chunk critic on executed chunks, TD target  r + gamma^Ta min_e Q^A'(s', f(s', pi(s'))).
-- Q^W(s, w): noise critic, regressed on min_e Q^A'(s, f(s, w)) at random noises w ~ N(0, I) and at the actor's
-  (noise aliasing: it learns from every noise, not only from those the env has seen).
-- pi(s) -> w: a deterministic actor bounded to [-noise_bound, noise_bound], maximising Q^W(s, pi(s)) (normalised
-  by mean|Q|). No gradient runs through the denoising chain, and the critic only ever scores chunks the frozen policy
-  can produce.
+- A^W(s, w): noise critic, regressed on min_e Q^A'(s, f(s, w)) at K random noises w ~ N(0, I) and at the actor's
+  (noise aliasing: it learns from every noise, not only from those the env has seen), centred on the random
+  noises' mean (an advantage: Q^A varies far more across states than across one state's noises).
+- pi(s) -> w: a deterministic actor bounded to [-noise_bound, noise_bound], maximising A^W(s, pi(s)) / mean|Q^A|.
+
+No gradient runs through the denoising chain, and the critic only ever scores chunks the frozen policy can produce.
 
 It acts through :class:`SteeredPolicy`: the policy denoising from pi(s) in evaluation, and from pi(s) plus Gaussian
 noise (``explore_std``) in online collectors, so exploration stays on the policy's support. The checkpoint is the
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dmrl.algos.best_of_n import PlanningWrapper
+from dmrl.algos.best_of_n import PlanningWrapper, repeat_obs
 from dmrl.algos.critic import (
     ChunkCritic,
     CriticConfig,
@@ -54,6 +55,8 @@ class DSRLConfig:
     """Adam learning rate of the noise actor."""
     critic_lr: float = 3e-4
     """Adam learning rate of both critics."""
+    noise_samples: int = 3
+    """K random noises per state that the noise critic learns from each update (besides the actor's)."""
     explore_std: float = 1.0
     """Online collectors add N(0, std^2) to the actor's noise (1: the policy's own sampling around pi(s))."""
     critic: CriticConfig = field(default_factory=lambda: CriticConfig(encoder_per_member=True))
@@ -64,6 +67,8 @@ class DSRLConfig:
                 f"dsrl: need noise_bound > 0, actor_hidden >= 8, actor_depth >= 1, explore_std >= 0; got "
                 f"{self.noise_bound}, {self.actor_hidden}, {self.actor_depth}, {self.explore_std}"
             )
+        if self.noise_samples < 2:
+            raise ValueError(f"--algo.noise-samples: got {self.noise_samples}; need >= 2 (the advantage's baseline)")
         if self.actor_lr <= 0 or self.critic_lr <= 0:
             raise ValueError(f"dsrl: need actor_lr > 0 and critic_lr > 0; got {self.actor_lr}, {self.critic_lr}")
 
@@ -111,7 +116,7 @@ class SteeredPolicy(PlanningWrapper):
 
 
 class DSRL(nn.Module):
-    """Frozen diffusion policy, noise actor, chunk critic Q^A (with target) and noise critic Q^W; batches as QC's."""
+    """Frozen diffusion policy, noise actor, chunk critic Q^A (with target) and noise critic A^W; batches as QC's."""
 
     batches = "transitions"
 
@@ -139,6 +144,7 @@ class DSRL(nn.Module):
         critics = [p for m in (critic, noise_critic) for p in m.parameters()]
         self.critic_opt = torch.optim.Adam(critics, lr=config.critic_lr)
         self.n_updates = 0
+        self.q_scale = 1.0  # mean|Q^A| at the last critic step: the actor's loss scale
         engine.prepare(self)
 
     @classmethod
@@ -172,33 +178,39 @@ class DSRL(nn.Module):
             return self.actor.sample_chunk(*self.actor.condition(obs), init_noise=noise)
 
     def critic_loss(self, batch: dict) -> dict[str, Tensor]:
-        """Q^A's TD regression on the data's executed chunks + Q^W's regression on Q^A' at random and actor noises."""
+        """Q^A's TD regression on the data's executed chunks + the noise critic's regression on Q^A' at noises."""
         obs, nxt = batch["obs"], batch["next_obs"]
         with torch.no_grad():
             next_chunk = self.chunks_from(nxt, self.noise_actor(nxt))
             next_q = self.critic_target(nxt, self.critic.executed(next_chunk)).min(0).values
             y = chunk_td_target(batch["reward"], batch["done"], batch["valid"], batch["next_valid"], next_q,
                                 self.critic.config.gamma)  # fmt: skip
-            # Noise aliasing: Q^W learns the value of noises the env never saw, at random ones and where pi is.
-            b = y.shape[0]
-            w_random = torch.randn_like(next_chunk).clamp(-self.config.noise_bound, self.config.noise_bound)
-            w = torch.cat([w_random, self.noise_actor(obs)])  # (2B, Tp, Da)
-            obs2 = {k: v + v if isinstance(v, list) else torch.cat([v, v]) for k, v in obs.items()}
-            w_target = self.critic_target(obs2, self.critic.executed(self.chunks_from(obs2, w))).min(0).values
+            # Noise aliasing: the noise critic learns about noises the env never saw, K random ones and pi's, per
+            # state. Its target is centred on the random noises' mean Q (an advantage A(s, w)): Q^A varies far
+            # more across states than across noises, and a critic fitting both spends its error on the states.
+            b, k = y.shape[0], self.config.noise_samples
+            w = torch.randn(b, k, *next_chunk.shape[1:], device=y.device)
+            w = torch.cat(
+                [w.clamp(-self.config.noise_bound, self.config.noise_bound), self.noise_actor(obs)[:, None]], 1
+            )
+            w = w.flatten(0, 1)  # (B·(K+1), Tp, Da): row i·(K+1) + j is noise j of state i, j = K the actor's
+            rep = repeat_obs(obs, k + 1)
+            q_w = self.critic_target(rep, self.critic.executed(self.chunks_from(rep, w))).min(0).values.view(b, k + 1)
+            adv = q_w - q_w[:, :k].mean(1, keepdim=True)  # (B, K+1)
+            self.q_scale = float(q_w.abs().mean().clamp_min(1e-6))  # the actor's Q scale (FQL's mean|Q|)
         q = self.critic(obs, self.critic.executed_from_data(batch["action"])).float()
         q_loss, td_error = td_regression(q, y, batch.get("weights"))
-        qw = self.noise_critic(obs2, w).float()  # (E, 2B)
-        w_loss = (qw - w_target).pow(2).mean(1).sum()
+        a_w = self.noise_critic(rep, w).float()  # (E, B·(K+1))
+        w_loss = (a_w - adv.flatten()).pow(2).mean(1).sum()
         logs = {"q": q.mean().detach(), "target": y.mean(), "noise_loss": w_loss.detach()}
-        logs |= {"noise_q_random": w_target[:b].mean(), "noise_q_actor": w_target[b:].mean()}
+        logs |= {"noise_adv_actor": adv[:, k].mean(), "noise_adv_spread": adv[:, :k].std(1).mean()}
         return {"loss": q_loss + w_loss, **logs, "td_error": td_error}
 
     def actor_loss(self, batch: dict) -> dict[str, Tensor]:
-        """-Q^W(s, pi(s)) / mean|Q^W| over the (uniform) actor batch."""
+        """-A^W(s, pi(s)) / mean|Q^A| over the (uniform) actor batch: the noise advantage on the value's scale."""
         obs = (batch.get("actor") or batch)["obs"]
-        q = self.noise_critic(obs, self.noise_actor(obs)).float().mean(0)  # (B,)
-        loss = -q.mean() / q.abs().mean().detach().clamp_min(1e-6)
-        return {"loss": loss, "q": q.mean().detach()}
+        adv = self.noise_critic(obs, self.noise_actor(obs)).float().mean(0)  # (B,)
+        return {"loss": -adv.mean() / self.q_scale, "adv": adv.mean().detach()}
 
     def update(self, batch: dict) -> dict[str, Any]:
         """One step: both critics, then the noise actor against the noise critic, then Q^A's target."""
