@@ -188,6 +188,7 @@ def run_dagger(cfg: DistillCommandConfig) -> dict:
             steps=cfg.steps if r == 0 else cfg.dagger_steps,
             eval_episodes=cfg.eval_episodes if last else 0,
             algo=algo,
+            resume=cfg.resume and (out / "config.json").is_file(),  # --resume: the round that was running
         )
         if last or not (out / "checkpoint" / "config.json").is_file():
             summary = train(run)
