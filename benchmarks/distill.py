@@ -61,7 +61,7 @@ class Args:
     eval_episodes: int = 100
     """Evaluation episodes per policy, seeds 100000.."""
     eval_envs: int = 2
-    """Evaluation env processes."""
+    """Evaluation envs (1: stepped in this process, which is faster on a machine busy with other jobs)."""
     cost_steps: int = 200
     """Teacher training steps timed just before each distillation run here (0: no cost column)."""
 
@@ -127,7 +127,8 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int) -> floa
 
 def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra) -> dict:
     seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-    result = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs).summary()
+    result = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs, workers=args.eval_envs > 1)
+    result = result.summary()
     out = {
         "policy": name,
         "seed": seed,
