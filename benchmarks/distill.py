@@ -195,7 +195,9 @@ def main() -> None:
             if (srun / "cost.json").exists():
                 extra |= json.loads((srun / "cost.json").read_text())
             student, _ = load_policy(srun / "checkpoint")
-            rows.append(row(f"{args.tag(steps)}", seed, student, env, args, **extra))
+            settings = args.tag(steps).removeprefix(f"student{steps}_s{args.distill_steps}").replace("_", " ").strip()
+            name = f"student {steps}-step" + (f" ({settings})" if settings else "")
+            rows.append(row(name, seed, student, env, args, **extra))
     meta = {
         **machine(),
         "command": " ".join(["python benchmarks/distill.py", *sys.argv[1:]]),
