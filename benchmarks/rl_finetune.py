@@ -8,8 +8,11 @@ evaluator process that scores snapshots every --eval-every updates on --curve-ep
 curve); (c) starts from (b)'s checkpoint and keeps the demonstrations in its replay; (a) starts from random
 weights with an empty replay. With --bc-data successes (default) the online actor's BC term imitates successful
 episodes only (the dataset's and its own: self-imitation); --bc-data replay is plain Diffusion-QL's BC on the
-replay batch. Each arm's final actor is then evaluated on --episodes seeds 100000.. .
-Writes benchmarks/results/rl_finetune.json/.md and docs/rl_finetune.png (success against env steps).
+replay batch. (d) qc and (e) dsrl start from (b) too and let a critic choose the executed chunks (best-of-N over
+the proposal; the frozen policy steered through its initial noise). --env-steps with --env-steps-per-update ends
+every online arm at the same env steps *and* updates, whatever each arm's speed. Each arm's final actor (as it
+acts) is then evaluated on --episodes seeds 100000.. (--selection: curves and finals on 200000..).
+Writes benchmarks/results/{name}.json/.md and docs/{name}.png (success against env steps).
 """
 
 from __future__ import annotations
