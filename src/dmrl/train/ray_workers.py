@@ -377,7 +377,7 @@ def start_ray(
     # The actor's weights in the object store once, the ref held here: Ray restarts an actor from its constructor
     # arguments, and a restart fails if they went out of scope.
     actor_ref = ray.put(actor)
-    collect_ref = actor_ref if collect is None else ray.put(collect)
+    collect_ref = actor_ref if collect is None or collect is actor else ray.put(collect)
     args = (collect_ref, env_id, env_kwargs, oc.exploration_noise, oc.envs_per_collector)
     collectors = RayCollectors(args, oc.n_collectors, cfg.seed * 7919, board, rings, steps)
     evaluator = None
