@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import sys
 import threading
 import time
@@ -274,7 +275,8 @@ def run_one(task: str, policy: str, seed: int) -> Path:
     state = out / "state"
     resume = (out / "config.json").is_file() and state.is_dir() and any(state.iterdir())
     segments = json.loads(seg_path.read_text()) if resume and seg_path.is_file() else []
-    complete = not resume or seg_path.is_file()  # a resumed run whose earlier minutes were not recorded
+    if resume and not seg_path.is_file():  # an earlier segment ended without recording its minutes
+        segments = [{"minutes": None, "cpu_minutes": None, "load": []}]
     if resume:
         argv[argv.index("--overwrite")] = "--resume"
     started = machine()  # the commit that runs, not the one at the end of a long run
@@ -303,10 +305,10 @@ def run_one(task: str, policy: str, seed: int) -> Path:
         "success_top5": top5,
         "success_final": final,
         "curve": curve,
-        "train_minutes": round(sum(seg["minutes"] for seg in segments), 1),
-        "cpu_minutes": round(sum(seg["cpu_minutes"] for seg in segments), 1),
+        "train_minutes": round(sum(seg["minutes"] or 0 for seg in segments), 1),
+        "cpu_minutes": round(sum(seg["cpu_minutes"] or 0 for seg in segments), 1),
         "segments": len(segments),
-        "minutes_complete": complete,
+        "minutes_complete": all(seg["minutes"] is not None for seg in segments),
         # Training alone (no evaluation points), from dmrl's summary; only for a run made in one segment.
         "train_only_minutes": round(summary["train_seconds"] / 60, 1) if len(segments) == 1 else None,
         "nice": os.nice(0),
@@ -402,8 +404,16 @@ def done_runs() -> set[tuple[str, str, int]]:
     return set(read_runs(RUNS, protocol())[0]) if RUNS.exists() else set()
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     a = parse_args(Args, __doc__, allow_empty=("runs",))
+    # Ctrl-C and SIGTERM stop a run through dmrl's KeyboardInterrupt path, which saves a training state to resume
+    # from; a shell starts a background job (`... &`) with SIGINT ignored, so put the handler back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         named = [parse_run(s) for s in a.runs]
     except ValueError as e:
