@@ -76,7 +76,7 @@ CURVE_EPISODES = 20
 BUDGET_NOTE = (
     "1500 steps so that a diffusion run fits 60 min on 2 idle cores: measured here, batch 32 on 1 thread trains at "
     "1.35 s/step (another single-threaded job on the other core), 34 min for 1500 steps; an evaluation point of 20 "
-    "episodes cost ~1.45 min (benchmarks/results/metaworld_bc.md: 10.6 min for 300 steps at batch 16 and 3 points), "
+    "episodes cost ~1.45 min (the small run of commit 98fc400: 10.6 min for 300 steps at batch 16 and 3 points), "
     "15 min for 10; about 50 min in all. Each run's cpu_minutes is the check (1 thread: CPU ~ idle wall time)"
 )
 #: DP3's Table XVIII difficulty group of each task (Seo et al. 2022's split of Meta-World).
