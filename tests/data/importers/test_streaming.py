@@ -4,6 +4,7 @@ streams one episode at a time (the process's address space is capped with RLIMIT
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -42,6 +43,16 @@ CHILD = textwrap.dedent(
 )
 
 
+def _small_thread_stacks() -> None:
+    """In the child before exec: glibc sizes every new thread's stack from RLIMIT_STACK (8 MB here), and each
+    reservation counts against RLIMIT_AS. Threads the codec or zarr start only after the cap (a decoder thread
+    per core, executor workers) would then eat the headroom by their count, not by what the import holds: the
+    test failed 1 time in 3 that way. 2 MB stacks leave it measuring the import's memory."""
+    hard = resource.getrlimit(resource.RLIMIT_STACK)[1]
+    soft = 2 << 20 if hard == resource.RLIM_INFINITY else min(2 << 20, hard)
+    resource.setrlimit(resource.RLIMIT_STACK, (soft, hard))
+
+
 def test_import_larger_than_the_memory_cap_streams(tmp_path):
     assert DECODED > 2 * HEADROOM
     big, small, out = tmp_path / "big", tmp_path / "small", tmp_path / "out.zarr"
@@ -50,7 +61,7 @@ def test_import_larger_than_the_memory_cap_streams(tmp_path):
     write_lerobot_v3(small, lengths=(3, 2), hw=(64, 64), cams=cams, vcodec="libx264")
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "SVT_LOG": "1"}  # one malloc arena per thread would reserve 64 MB
     argv = [sys.executable, "-c", CHILD, str(small), str(big), str(out), str(HEADROOM), str(DECODED)]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, preexec_fn=_small_thread_stacks)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-2:] == ["steps", str(sum(LENGTHS))]
     store = EpisodeStore.open(out)
