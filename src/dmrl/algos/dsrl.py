@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dmrl.algos.best_of_n import PlanningWrapper, repeat_obs
+from dmrl.algos.common import Stepper
 from dmrl.algos.critic import (
     ChunkCritic,
     CriticConfig,
@@ -126,7 +127,7 @@ class DSRL(nn.Module):
         critic: ChunkCritic,
         noise_critic: ChunkCritic,
         config: DSRLConfig,
-        engine: Any,
+        engine: Stepper,
     ):
         super().__init__()
         if not isinstance(policy, DiffusionPolicy):
@@ -148,7 +149,7 @@ class DSRL(nn.Module):
         engine.prepare(self)
 
     @classmethod
-    def build(cls, policy: DiffusionPolicy, config: DSRLConfig, engine: Any, total_steps: int) -> DSRL:
+    def build(cls, policy: DiffusionPolicy, config: DSRLConfig, engine: Stepper, total_steps: int) -> DSRL:
         policy.to(engine.device)
         critic = ChunkCritic(policy, config.critic).to(engine.device)
         noise_critic = ChunkCritic(policy, config.critic, action_rows=policy.chunk.horizon).to(engine.device)
