@@ -7,6 +7,9 @@ steps, of the size and with the DAgger rounds asked for). Each is evaluated on t
 100000 for results, 200000 to choose settings): success, routes, collisions, and the decision latency at batch 1 on
 one thread (torch and onnxruntime). The cost of a distillation is its whole wall time (DAgger's rollouts included)
 over the teacher's training time, the teacher's seconds per step timed just before it in this process.
+Runs already in --out are reused: a finished one (its checkpoint written) is evaluated again, not retrained; an
+unfinished one (a crash, a stopped job) is continued with ``--resume`` and gets no cost column (its wall time is
+not one piece). Delete a run's directory (and its ``-dagger`` one) to train it again.
 Writes benchmarks/results/<name>.json and .md.
 """
 
@@ -73,6 +76,17 @@ class Args:
         return f"student{steps}_s{self.distill_steps}{size}{lr}{dagger}"
 
 
+def run_flags(run: Path) -> list[str] | None:
+    """How to (re)start the ``dmrl train`` / ``dmrl distill`` run in ``run``: None when it is finished (its
+    checkpoint written: reuse it), ``["--resume"]`` when it was started and not finished (its config.json, or a
+    DAgger run's ``-dagger`` rounds, exist), ``[]`` when it is new."""
+    if (run / "checkpoint" / "config.json").is_file():
+        return None
+    if (run / "config.json").is_file() or Path(f"{run}-dagger").is_dir():
+        return ["--resume"]
+    return []
+
+
 def decision_ms(planner, policy, reps: int = 200) -> float:
     """Median ms of one plan (a chunk from To frames) at batch 1 on one thread."""
     obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, int(policy.obs_dims["state"]))}
@@ -111,9 +125,11 @@ def teacher_step_seconds(args: Args, store: Path) -> float:
         return json.loads((run / "summary.json").read_text())["train_seconds"] / args.cost_steps
 
 
-def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int) -> float:
-    """Run ``dmrl distill`` into ``out``; -> its wall seconds (rounds and DAgger rollouts included)."""
+def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: list[str]) -> float:
+    """Run ``dmrl distill`` into ``out`` (``flags``: :func:`run_flags`'s); -> its wall seconds (rounds and DAgger
+    rollouts included)."""
     argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--seed", str(seed), "--lr", str(args.lr)]
+    argv += flags
     argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
     argv += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
     argv += ["--n-blocks", str(args.n_blocks)] if args.n_blocks else []
@@ -155,7 +171,8 @@ def main() -> None:
     rows = []
     for seed in args.seeds:
         run = args.out / f"teacher_seed{seed}"
-        if not (run / "checkpoint").exists():
+        flags = run_flags(run)
+        if flags is not None:
             argv = [
                 "train",
                 "--config",
@@ -165,7 +182,7 @@ def main() -> None:
                 "--out",
                 str(run),
             ]
-            assert dmrl([*argv, "--seed", str(seed), "--eval-episodes", "0"]) == 0
+            assert dmrl([*argv, *flags, "--seed", str(seed), "--eval-episodes", "0"]) == 0
         teacher, meta = load_policy(run / "checkpoint")
         env = (meta["env_id"], meta["env_kwargs"])
         teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
@@ -180,12 +197,13 @@ def main() -> None:
         for steps in args.student_steps:
             srun = args.out / f"{args.tag(steps)}_seed{seed}"
             extra: dict = dict(teacher_success)
-            if not (srun / "checkpoint").exists():
+            flags = run_flags(srun)
+            if flags is not None:
                 cost = {}
-                if args.cost_steps:
+                if args.cost_steps and not flags:  # a resumed run's wall time is not the whole run's
                     t_step = teacher_step_seconds(args, store)
                     cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
-                wall = distill(args, run / "checkpoint", srun, seed, steps)
+                wall = distill(args, run / "checkpoint", srun, seed, steps, flags)
                 if cost:
                     cost |= {
                         "distill_wall_s": wall,

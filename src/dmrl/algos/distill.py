@@ -52,9 +52,9 @@ class DistillConfig(BCConfig):
             raise ValueError(f"--algo.visited-fraction: got {self.visited_fraction}; allowed (0, 1]")
         if self.visited is not None and not Path(self.visited).is_file():
             raise FileNotFoundError(f"--algo.visited {self.visited}: no such file (an .npz of observation windows)")
-        if self.teacher is None:
-            raise ValueError("--algo.teacher: required (the diffusion checkpoint to distill, e.g. runs/bc/checkpoint)")
-        if not (Path(self.teacher) / "config.json").is_file():
+        # teacher None is checked when the algorithm is built: --resume reads a saved run against this config's
+        # defaults (DistillConfig() must construct), and build comes before anything is written.
+        if self.teacher is not None and not (Path(self.teacher) / "config.json").is_file():
             raise FileNotFoundError(
                 f"--algo.teacher {self.teacher}: not a policy checkpoint directory (a run's checkpoint/)"
             )
@@ -111,7 +111,8 @@ class Distill(BC):
     def build(cls, policy: StudentPolicy, config: DistillConfig, engine: Stepper, total_steps: int) -> Distill:
         """Load the teacher, start the student from it (unless ``from_teacher`` is off), attach it, freeze the
         encoder unless asked."""
-        assert config.teacher is not None  # checked by DistillConfig
+        if config.teacher is None:
+            raise ValueError("--algo.teacher: required (the diffusion checkpoint to distill, e.g. runs/bc/checkpoint)")
         if config.visited is not None and policy.chunk.aux_state:
             raise ValueError("--algo.visited: a student with aux_state cannot mix in visited windows (no aux targets)")
         teacher, _ = load_policy(config.teacher)
