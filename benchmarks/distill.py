@@ -47,6 +47,8 @@ class Args:
     """Student MLP blocks (None: the teacher's)."""
     lr: float = 3e-4
     """Distillation peak learning rate."""
+    start_fraction: float = 0.5
+    """Share of each batch trained from the start of the teacher's chain (dmrl distill --start-fraction)."""
     dagger_rounds: int = 0
     """DAgger rounds after the first distillation (dmrl distill --dagger-rounds)."""
     dagger_episodes: int = 100
@@ -72,6 +74,7 @@ class Args:
         """The student run's directory name (without the seed)."""
         size = f"_h{self.hidden_dim}b{self.n_blocks}" if self.hidden_dim or self.n_blocks else ""
         lr = f"_lr{self.lr:g}" if self.lr != 3e-4 else ""
+        lr += f"_start{self.start_fraction:g}" if self.start_fraction != 0.5 else ""
         dagger = f"_d{self.dagger_rounds}x{self.dagger_episodes}e{self.dagger_steps}" if self.dagger_rounds else ""
         return f"student{steps}_s{self.distill_steps}{size}{lr}{dagger}"
 
@@ -131,6 +134,7 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
     argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--seed", str(seed), "--lr", str(args.lr)]
     argv += flags
     argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
+    argv += ["--start-fraction", str(args.start_fraction)] if args.start_fraction != 0.5 else []
     argv += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
     argv += ["--n-blocks", str(args.n_blocks)] if args.n_blocks else []
     if args.dagger_rounds:
@@ -155,6 +159,9 @@ def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra
         "route_left": result["route_left"],
         "route_right": result["route_right"],
         "collision_rate": result["collision_rate"],
+        "route_none": result["route_none"],
+        "grasp_none": result["grasp_none"],
+        "grasp_wrong": result["grasp_wrong"],
         **latencies(policy),
         **extra,
     }
@@ -226,7 +233,15 @@ def main() -> None:
         "load_avg_1min the machine's load then; decision_ms_*: one plan at batch 1, one thread",
     }
     columns = ["policy", "seed", "episodes", "success_rate", "ci_low", "ci_high", "route_left", "route_right"]
-    columns += ["collision_rate", "teacher_success_rate", "decision_ms_torch", "decision_ms_onnxruntime"]
+    columns += [
+        "collision_rate",
+        "route_none",
+        "grasp_none",
+        "grasp_wrong",
+        "teacher_success_rate",
+        "decision_ms_torch",
+        "decision_ms_onnxruntime",
+    ]
     columns += ["train_seconds", "distill_wall_s", "teacher_s_per_step", "cost_vs_teacher", "load_avg_1min"]
     write_results(args.name, rows, meta, columns)
 

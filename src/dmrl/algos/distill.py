@@ -45,11 +45,17 @@ class DistillConfig(BCConfig):
     teacher and mixed into every batch (DAgger); None: the store's windows only."""
     visited_fraction: float = 0.5
     """Share of each batch drawn from ``visited`` (when given)."""
+    start_fraction: float = 0.5
+    """Share of each batch trained from the start of the teacher's chain (k = 0, where a one-step student samples);
+    the rest from a point drawn uniformly on it. 1.0: a one-step student trained only where it samples (as OneDP's
+    one-step generator); a two-step student needs < 1 (its second call starts mid-chain)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0.0 < self.visited_fraction <= 1.0:
             raise ValueError(f"--algo.visited-fraction: got {self.visited_fraction}; allowed (0, 1]")
+        if not 0.0 <= self.start_fraction <= 1.0:
+            raise ValueError(f"--algo.start-fraction: got {self.start_fraction}; allowed [0, 1]")
         if self.visited is not None and not Path(self.visited).is_file():
             raise FileNotFoundError(f"--algo.visited {self.visited}: no such file (an .npz of observation windows)")
         # teacher None is checked when the algorithm is built: --resume reads a saved run against this config's
@@ -115,6 +121,11 @@ class Distill(BC):
             raise ValueError("--algo.teacher: required (the diffusion checkpoint to distill, e.g. runs/bc/checkpoint)")
         if config.visited is not None and policy.chunk.aux_state:
             raise ValueError("--algo.visited: a student with aux_state cannot mix in visited windows (no aux targets)")
+        if policy.config.steps > 1 and config.start_fraction == 1.0:
+            raise ValueError(
+                f"--algo.start-fraction 1.0: a {policy.config.steps}-step student samples mid-chain too; use < 1"
+            )
+        policy.start_fraction = config.start_fraction
         teacher, _ = load_policy(config.teacher)
         if config.from_teacher:
             uncopied = policy.copy_teacher(teacher)

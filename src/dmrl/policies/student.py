@@ -118,6 +118,7 @@ class StudentPolicy(ChunkPolicy):
         self.register_buffer("grid_sqrt_ab", schedule.sqrt_alphas_cumprod[grid].float(), persistent=False)
         self.register_buffer("grid_sqrt_1m_ab", schedule.sqrt_one_minus_alphas_cumprod[grid].float(), persistent=False)
         self._teacher: _Detached | None = None
+        self.start_fraction = 0.5  # share of a batch trained from the chain's start (set by --algo.start-fraction)
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -187,14 +188,15 @@ class StudentPolicy(ChunkPolicy):
     # ------------------------------------------------------------------ training side
     def loss(self, batch: dict) -> dict[str, Tensor]:
         """Distillation: each item's noise goes down the teacher's chain, and the student predicts the chain's end
-        from one point of it (the start, k = 0, for half of the items: the one-step case; any k for the rest)."""
+        from one point of it (the start, k = 0, for ``start_fraction`` of the items: the one-step case; any k for
+        the rest)."""
         obs = batch["obs"]
         b = batch["action"].shape[0]
         z = torch.randn(b, self.chunk.horizon, self.action_dim, device=batch["action"].device)
         points, target = self.teacher_chain(obs, z)  # (S, B, Tp, Da), (B, Tp, Da)
         s = points.shape[0]
         k = torch.randint(0, s, (b,), device=z.device)
-        k = torch.where(torch.rand(b, device=z.device) < 0.5, torch.zeros_like(k), k)
+        k = torch.where(torch.rand(b, device=z.device) < self.start_fraction, torch.zeros_like(k), k)
         x = points[k, torch.arange(b, device=z.device)]
         enc = self.encode_tokens(obs)
         pred = self.denoiser(x, self.grid[k], *self._condition_from(enc)).float()

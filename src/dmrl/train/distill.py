@@ -49,6 +49,9 @@ class DistillCommandConfig:
     """Optimizer steps of each DAgger round."""
     visited_fraction: float = 0.5
     """Share of each batch drawn from the visited windows in DAgger rounds."""
+    start_fraction: float = 0.5
+    """Share of each batch trained from the start of the teacher's chain (1.0: a one-step student only where it
+    samples; a two-step student needs < 1)."""
     batch_size: int = 256
     """Observations per step (each with a fresh noise and the teacher's DDIM chain from it)."""
     lr: float = 3e-4
@@ -119,6 +122,7 @@ class DistillCommandConfig:
                 teacher=self.teacher,
                 train_encoder=self.train_encoder,
                 visited_fraction=self.visited_fraction,
+                start_fraction=self.start_fraction,
             ),
             engine=self.engine,
         )
