@@ -83,3 +83,43 @@ def test_benchmark_reuses_finished_runs_resumes_started_ones_and_starts_new_ones
     dagger = tmp_path / "student1_s500_d1x100e200_seed0"
     Path(f"{dagger}-dagger").mkdir()
     assert bench.run_flags(dagger) == ["--resume"]
+
+
+def _student(steps: int):
+    import torch
+
+    from dmrl.policies import ChunkConfig, DiffusionPolicy, DiffusionPolicyConfig, StudentPolicy, StudentPolicyConfig
+
+    chunk = ChunkConfig(obs_keys=("state",), n_obs_steps=2, horizon=8, n_action_steps=4)
+    tcfg = DiffusionPolicyConfig(denoiser_kwargs={"hidden_dim": 32}, num_train_steps=20, num_inference_steps=4)
+    torch.manual_seed(0)
+    teacher = DiffusionPolicy(chunk, tcfg, {"state": 3}, 2)
+    scfg = StudentPolicyConfig(denoiser_kwargs={"hidden_dim": 32}, num_train_steps=20, teacher_steps=4, steps=steps)
+    student = StudentPolicy(chunk, scfg, {"state": 3}, 2)
+    student.attach_teacher(teacher)
+    return student
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_start_fraction_is_the_share_of_items_trained_from_the_chains_start(fraction):
+    import torch
+
+    student = _student(1)
+    student.start_fraction = fraction
+    seen: list = []
+    forward = student.denoiser.forward
+    student.denoiser.forward = lambda x, t, *a: seen.append(t) or forward(x, t, *a)
+    batch = {"obs": {"state": torch.randn(400, 2, 3)}, "action": torch.zeros(400, 8, 2)}
+    out = student.loss(batch)
+    at_start = (seen[0] == student.grid[0]).float().mean().item()
+    if fraction == 1.0:  # every item from z: the one-step loss is the whole loss
+        assert at_start == 1.0 and torch.equal(out["loss"], out["distill_first"])
+    else:  # half from z, and the rest uniformly over the 4 grid points (a quarter of them at the start too)
+        assert 0.55 < at_start < 0.70, at_start
+
+
+def test_a_two_step_student_trained_only_from_the_start_is_refused(tmp_path, teacher, capsys):
+    out = tmp_path / "student"
+    argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--steps", "1", "--batch-size", "8"]
+    assert main([*argv, "--student-steps", "2", "--start-fraction", "1.0"]) == 2
+    assert "samples mid-chain" in capsys.readouterr().err and not out.exists()
