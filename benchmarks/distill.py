@@ -147,8 +147,11 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
 
 def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra) -> dict:
     seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-    result = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs, workers=args.eval_envs > 1)
-    result = result.summary()
+    evaluated = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs, workers=args.eval_envs > 1)
+    result = evaluated.summary()
+    # Per-episode outcomes (JSON only): the same seeds for every policy, so failures can be paired across rows.
+    failed = sorted(r.seed for r in evaluated.records if not r.success)
+    collided = sorted(r.seed for r in evaluated.records if r.collision)
     out = {
         "policy": name,
         "seed": seed,
@@ -164,6 +167,8 @@ def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra
         "grasp_wrong": result["grasp_wrong"],
         **latencies(policy),
         **extra,
+        "failed_seeds": failed,
+        "collided_seeds": collided,
     }
     print(json.dumps(out), flush=True)
     return out
