@@ -1,0 +1,95 @@
+"""benchmarks/ogbench.py: its bookkeeping on hand-made run JSONs, the segment stopper, and one tiny run end to end
+(OGBench play data collected with the oracles -> QC trained 4 updates with 2 curve points -> run JSON -> table)."""
+
+import importlib.util
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def og():
+    # Not imported as `ogbench`: that is OGBench's package name.
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location("og_protocol", ROOT / "benchmarks" / "ogbench.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+    sys.path[:] = path
+
+
+def test_the_script_does_not_shadow_the_ogbench_package(og):
+    assert all(Path(p or ".").resolve() != ROOT / "benchmarks" for p in sys.path)
+
+
+def test_run_specs_and_flags_are_checked(og, capsys):
+    assert og.parse_run("scene:2:qc:0") == ("scene", 2, "qc", 0)
+    for bad in ("scene:2:qc", "puzzle:2:qc:0", "scene:6:qc:0", "scene:2:sac:0", "scene:x:qc:0"):
+        with pytest.raises(ValueError, match="env:task:method:seed"):
+            og.parse_run(bad)
+    with pytest.raises(SystemExit) as e:
+        og.main(["--curve-every", "3000"])  # 100000 is no multiple: points would miss the published ones
+    assert e.value.code == 2 and "divisor of 100000" in capsys.readouterr().err
+
+
+def test_published_points_are_matched_at_equal_updates_only(og):
+    assert og.published("scene", 2, "qc", 100_000) == 0.97
+    assert og.published("scene", 2, "qc", 95_000) is None and og.published("scene", 2, "fql", 100_000) is None
+    assert og.published("cube-double", 2, "qc", 300_000) == 0.31
+
+
+def test_aggregate_rows_and_curve_merge(og, tmp_path):
+    old = [{"updates": 5000, "success_rate": 0.2, "ci_low": 0.1, "ci_high": 0.3, "episodes": 50}]
+    new = [{"updates": u, "success_rate": s, "ci_low": 0.0, "ci_high": 1.0} for u, s in ((5000, 0.9), (100_000, 0.8))]
+    curve = og.merge_curve(old, new, episodes=20)
+    assert [(p["updates"], p["success_rate"], p["episodes"]) for p in curve] == [(5000, 0.2, 50), (100_000, 0.8, 20)]
+    seg = {"minutes": 10.0, "updates_per_s": 2.0, "load_mean": 3.0}
+    record = {"env": "scene", "task": 2, "method": "qc", "seed": 0, "data_episodes": 100, "curve": curve}
+    record |= {"updates_done": 100_000, "updates_target": 1_000_000, "segments": [seg]}
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r.json").write_text(json.dumps(record))
+    rows = og.aggregate(tmp_path / "runs", tmp_path / "results")
+    assert [(r["updates"], r["published_qc"], r["published_fql"]) for r in rows] == [
+        (5000, None, None),
+        (100_000, 0.97, None),
+    ]
+    assert rows[1]["dataset"] == "scene-play-singletask-task2" and rows[1]["run_complete"] == "100000/1000000"
+    md = (tmp_path / "results" / "ogbench.md").read_text()
+    assert "not the published files" in md and "| scene-play-singletask-task2 | qc | 0 | 100000 | 0.800 |" in md
+
+
+def test_stopper_interrupts_after_the_next_curve_point(og, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 2, "curve_success": 0.5}\n')
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    t0 = time.time()
+    with pytest.raises(KeyboardInterrupt), og.Stopper(metrics, minutes=0.0, grace=5.0) as stop:
+        time.sleep(2.5)  # the deadline has passed, but no new point yet: no interrupt
+        assert not stop.stopped
+        with metrics.open("a") as f:
+            f.write('{"step": 4, "curve_success": 0.5}\n')
+        time.sleep(30)
+    assert stop.stopped and time.time() - t0 < 15
+
+
+def test_one_tiny_run_end_to_end(og, tmp_path):
+    pytest.importorskip("ogbench", reason='OGBench not installed (pip install -e ".[suites]")')
+    a = og.Args(data_episodes=1, updates=4, minutes=30.0, curve_every=2, curve_episodes=1)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    path = og.run_segment("cube-single", 2, "qc", 0, a, runs_dir=runs, out=out)
+    r = json.loads(path.read_text())
+    assert r["complete"] and r["updates_done"] == 4 and len(r["segments"]) == 1
+    assert [(p["updates"], p["episodes"]) for p in r["curve"]] == [(2, 1), (4, 1)]
+    assert r["segments"][0]["updates_per_s"] > 0 and "--algo.type" in r["dmrl_argv"]
+    data = json.loads((runs / "data__cube-single-task2_1ep.json").read_text())
+    assert data["steps"] == 1001 and data["steps_per_s"] > 0
+    rows = og.aggregate(runs, tmp_path / "results")
+    assert [row["updates"] for row in rows] == [2, 4] and all(row["episodes"] == 1 for row in rows)
