@@ -141,6 +141,8 @@ class Args:
     """dsrl: std of the collectors' exploration noise added to the actor's initial noise"""
     qc_backup_samples: int = 8
     """QC's in-support backup: proposal samples maxed over at s'"""
+    qc_candidate_noise: float = 0.0
+    """QC: std of the noise on the executed actions of all but one of the N candidates (algo.candidate_noise)"""
     selection: bool = False
     """curves and final evaluation on the selection seeds (200000..) into {name}_select.json, to choose settings"""
     scratch_eta: float | None = None
@@ -211,8 +213,10 @@ def main() -> None:
                 spec, tag = {"type": "dsrl", "explore_std": args.dsrl_explore}, f"x{args.dsrl_explore:g}"
                 online["bc_data"] = "replay"
             elif algo == "qc":
-                spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples}
+                spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples,
+                        "candidate_noise": args.qc_candidate_noise}  # fmt: skip
                 tag = f"n{args.qc_samples}" + (f"b{args.qc_backup_samples}" if args.qc_backup_samples != 8 else "")
+                tag += f"s{args.qc_candidate_noise:g}" if args.qc_candidate_noise else ""
             else:
                 spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
             budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
@@ -275,6 +279,7 @@ def main() -> None:
         "env_steps_per_update": args.env_steps_per_update or None,
         "offline_share": args.offline_share or None,
         "qc_backup_samples": args.qc_backup_samples,
+        "qc_candidate_noise": args.qc_candidate_noise,
         "dsrl_explore": args.dsrl_explore,
         "curves": {a: c for a, c in curves.items()},
         "wall_min": round((time.perf_counter() - t0) / 60, 1),

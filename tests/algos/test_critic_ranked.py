@@ -50,3 +50,49 @@ def test_its_queue_is_its_own_and_replans_every_ta_steps_with_best_of_n():
     ranked.act(obs)
     ranked.act(obs)
     assert calls == [2, 2, 1, 2, 2] and ranked.actor.chunk.n_action_steps == 4
+
+
+class _TargetCritic(torch.nn.Module):
+    """Q = -|executed actions - target|^2 (normalised space), one member: a critic whose best chunk is known."""
+
+    def __init__(self, ranked: CriticRankedPolicy, target: float):
+        super().__init__()
+        self.inner, self.target = tiny_critic(ranked.actor), target
+
+    def executed(self, chunk: torch.Tensor) -> torch.Tensor:
+        return self.inner.executed(chunk)
+
+    def forward(self, obs: dict, actions: torch.Tensor) -> torch.Tensor:
+        return -(actions - self.target).pow(2).flatten(1).sum(1)[None]
+
+
+def test_candidate_noise_perturbs_only_the_executed_actions_of_samples_after_the_first():
+    ranked = _ranked(n=4)
+    ranked.noise = 0.3
+    torch.manual_seed(1)
+    chunks = torch.rand(2 * 4, 8, 3) * 1.6 - 0.8  # (B·N, Tp, Da) normalised, inside the bounds
+    out = ranked.perturb(chunks, 4)
+    to, ta = ranked.chunk.n_obs_steps, ranked.chunk.n_action_steps
+    rows = slice(to - 1, to - 1 + ta)
+    moved = (out - chunks).abs().view(2, 4, 8, 3)
+    assert torch.allclose(moved[:, 0], torch.zeros_like(moved[:, 0]), atol=1e-6), "sample 0 is the actor's own"
+    assert (moved[:, 1:, rows] > 1e-4).float().mean() > 0.9, "the other samples' executed actions move"
+    assert moved[:, :, : to - 1].max() < 1e-6 and moved[:, :, to - 1 + ta :].max() < 1e-6, "the rest does not"
+    raw = ranked.actor.raw_actions(out)
+    low, high = ranked.actor.action_bounds()
+    assert (raw >= low - 1e-6).all() and (raw <= high + 1e-6).all()
+
+
+def test_candidate_noise_lets_the_critic_move_a_collapsed_actor_towards_its_best_chunk():
+    ranked = _ranked(n=32)
+    ranked.critic = _TargetCritic(ranked, target=0.5)
+    collapsed = torch.zeros(8, 3)  # an actor whose every sample is one chunk (normalised 0)
+    ranked.actor.sample_chunk = lambda cond, *a, **k: collapsed.expand(cond.shape[0], 8, 3).clone()  # type: ignore
+    obs = {"state": torch.zeros(2, 2, 5)}
+    to, ta = ranked.chunk.n_obs_steps, ranked.chunk.n_action_steps
+    as_is = ranked.actor.normalizer.normalize("actions", ranked.predict_chunk(obs))[:, to - 1 : to - 1 + ta]
+    assert torch.allclose(as_is, torch.zeros_like(as_is), atol=1e-5), "no noise: best of N copies is the copy"
+    ranked.noise = 0.3
+    torch.manual_seed(0)
+    picked = ranked.actor.normalizer.normalize("actions", ranked.predict_chunk(obs))[:, to - 1 : to - 1 + ta]
+    assert (picked - 0.5).pow(2).sum() < (as_is - 0.5).pow(2).sum() - 0.5, "the critic's pick moves towards 0.5"

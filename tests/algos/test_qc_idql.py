@@ -94,3 +94,12 @@ def test_best_of_n_picks_the_rewarded_mode_while_the_bc_proposal_keeps_both(kind
     assert 0.1 < bc_plus < 0.9, f"the BC proposal should keep both modes; + share {bc_plus:.2f}"
     assert plus > 0.95, f"{kind}: best-of-16 should pick the rewarded mode; + share {plus:.2f} (proposal {bc_plus:.2f})"
     assert (chosen.abs() < MODE / 2).float().mean().item() < 0.05  # the choice stays on a mode
+
+
+def test_candidate_noise_reaches_the_acting_policy_and_bad_values_are_refused():
+    ranked = _algo("qc", candidate_noise=0.2, n_action_samples=4).evaluation_policy()
+    assert isinstance(ranked, CriticRankedPolicy) and ranked.noise == 0.2
+    with pytest.raises(ValueError, match="candidate-noise"):
+        QCConfig(candidate_noise=-0.1)
+    with pytest.raises(ValueError, match="candidate-noise"):
+        QCConfig(candidate_noise=0.2, n_action_samples=1)

@@ -73,11 +73,25 @@ class PlanningWrapper(nn.Module):
 
 class CriticRankedPolicy(PlanningWrapper):
     """Best-of-N action selection: the actor samples N chunks per observation, the critic's min-ensemble Q picks one
-    (a :class:`PlanningWrapper`; the checkpoint is the plain actor, which loads without a critic)."""
+    (a :class:`PlanningWrapper`; the checkpoint is the plain actor, which loads without a critic).
 
-    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int):
+    ``noise`` > 0 perturbs the executed actions of samples 1..N-1 (sample 0 stays the actor's) by Gaussian noise of
+    that std in the normalised action space, clipped to the action bounds, before the critic ranks them: where a
+    trained actor's samples are near-identical, the choice is then not only between copies of one chunk."""
+
+    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int, noise: float = 0.0):
         super().__init__(actor)
-        self.critic, self.n_samples = critic, n_samples
+        self.critic, self.n_samples, self.noise = critic, n_samples, noise
+
+    def perturb(self, chunks: Tensor, n: int) -> Tensor:
+        """(B·N, Tp, Da) normalised samples -> the same with samples j >= 1 of each row's N perturbed in their Ta
+        executed actions and clipped to the raw action bounds (so the critic ranks what the env will execute)."""
+        to, ta = self.chunk.n_obs_steps, self.chunk.n_action_steps
+        eps = torch.randn_like(chunks[:, to - 1 : to - 1 + ta]) * self.noise
+        eps.view(-1, n, *eps.shape[1:])[:, 0] = 0.0  # sample 0 of every env: the actor's own chunk
+        out = chunks.clone()
+        out[:, to - 1 : to - 1 + ta] += eps
+        return self.actor.normalizer.normalize("actions", self.actor.raw_actions(out))
 
     @torch.no_grad()
     def predict_chunk(self, obs: dict) -> Tensor:
@@ -87,6 +101,8 @@ class CriticRankedPolicy(PlanningWrapper):
         b = len(first) if isinstance(first, list) else first.shape[0]
         rep = repeat_obs(obs, n)  # sample j of env i is row i * N + j
         chunks = self.actor.sample_chunk(*self.actor.condition(rep))  # (B·N, Tp, Da) normalised
+        if self.noise > 0:
+            chunks = self.perturb(chunks, n)
         q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
         return self.actor.raw_actions(best)

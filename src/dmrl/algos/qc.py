@@ -40,6 +40,11 @@ class ProposalConfig:
     """Adam learning rate of the critic (and IDQL's value)."""
     actor_tau: float = 0.005
     """Polyak rate of the EMA proposal (exported; QC's backup samples it)."""
+    candidate_noise: float = 0.0
+    """Std of Gaussian noise (normalised action space) on the executed actions of all but the first of the N
+    samples before the critic picks one, in evaluation and in online collectors (0: the proposal's samples alone).
+    A trained proposal's samples can be near-identical where the outcome is decided; perturbed candidates give the
+    critic a choice there, and collecting with them shows the critic what those choices lead to."""
     critic: CriticConfig = field(default_factory=per_member_critic)
 
     def __post_init__(self) -> None:
@@ -47,6 +52,11 @@ class ProposalConfig:
             raise ValueError(
                 f"--algo: need n_action_samples >= 1, actor_lr > 0, critic_lr > 0, actor_tau in (0, 1]; got "
                 f"{self.n_action_samples}, {self.actor_lr}, {self.critic_lr}, {self.actor_tau}"
+            )
+        if self.candidate_noise < 0 or (self.candidate_noise > 0 and self.n_action_samples < 2):
+            raise ValueError(
+                f"--algo.candidate-noise: got {self.candidate_noise} with n_action_samples {self.n_action_samples}; "
+                "need >= 0, and > 0 only with --algo.n-action-samples >= 2 (sample 0 is never perturbed)"
             )
 
 
@@ -113,10 +123,13 @@ class BCProposalCritic(nn.Module):
         return {"actor": self.actor_opt, "critic": self.critic_opt}
 
     def evaluation_policy(self) -> ChunkPolicy:
-        """Best-of-N over the EMA proposal, ranked by the target critic (1 sample: the proposal alone)."""
+        """Best-of-N over the EMA proposal (perturbed by ``candidate_noise``), ranked by the target critic
+        (1 sample: the proposal alone)."""
         if self.config.n_action_samples == 1:
             return self.policy
-        return CriticRankedPolicy(self.policy, self.critic_target, self.config.n_action_samples)
+        return CriticRankedPolicy(
+            self.policy, self.critic_target, self.config.n_action_samples, self.config.candidate_noise
+        )
 
     def data_q(self, batch: dict) -> Tensor:
         """Q (E, B) of the dataset's executed chunks."""
