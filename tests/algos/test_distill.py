@@ -123,3 +123,14 @@ def test_a_two_step_student_trained_only_from_the_start_is_refused(tmp_path, tea
     argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--steps", "1", "--batch-size", "8"]
     assert main([*argv, "--student-steps", "2", "--start-fraction", "1.0"]) == 2
     assert "samples mid-chain" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_dagger_round_warms_up_for_a_tenth_of_its_steps_and_decays_to_zero(tmp_path, teacher):
+    out = tmp_path / "student"
+    argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--steps", "2", "--batch-size", "8"]
+    argv += ["--dagger-rounds", "1", "--dagger-episodes", "1", "--dagger-steps", "20", "--eval-envs", "1"]
+    assert main(argv) == 0
+    assert json.loads((out / "config.json").read_text())["algo"]["warmup_steps"] == 2
+    round0 = json.loads((tmp_path / "student-dagger" / "round0" / "config.json").read_text())
+    assert round0["algo"]["warmup_steps"] == 200  # round 0 keeps BC's
+    assert json.loads((out / "summary.json").read_text())["lr"] < 1e-8  # the last round's cosine reached 0

@@ -185,6 +185,8 @@ def run_dagger(cfg: DistillCommandConfig) -> dict:
         last = r == cfg.dagger_rounds
         out = cfg.out if last else rounds / f"round{r}"
         algo = dataclasses.replace(base.algo, from_teacher=prev is None, visited=visited_path if r else None)
+        if r:  # a trained student with a fresh optimizer: a short ramp, not BC's 200 steps (a whole short round)
+            algo = dataclasses.replace(algo, warmup_steps=min(algo.warmup_steps, cfg.dagger_steps // 10))
         run = dataclasses.replace(
             base,
             out=out,
