@@ -47,6 +47,8 @@ class Args:
     """Student MLP blocks (None: the teacher's)."""
     lr: float = 3e-4
     """Distillation peak learning rate."""
+    distance: str = "l2"
+    """Distillation loss: l2 or pseudo_huber (dmrl distill --distance)."""
     start_fraction: float = 0.5
     """Share of each batch trained from the start of the teacher's chain (dmrl distill --start-fraction)."""
     dagger_rounds: int = 0
@@ -75,6 +77,7 @@ class Args:
         size = f"_h{self.hidden_dim}b{self.n_blocks}" if self.hidden_dim or self.n_blocks else ""
         lr = f"_lr{self.lr:g}" if self.lr != 3e-4 else ""
         lr += f"_start{self.start_fraction:g}" if self.start_fraction != 0.5 else ""
+        lr += "_ph" if self.distance == "pseudo_huber" else ""
         dagger = f"_d{self.dagger_rounds}x{self.dagger_episodes}e{self.dagger_steps}" if self.dagger_rounds else ""
         return f"student{steps}_s{self.distill_steps}{size}{lr}{dagger}"
 
@@ -135,6 +138,7 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
     argv += flags
     argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
     argv += ["--start-fraction", str(args.start_fraction)] if args.start_fraction != 0.5 else []
+    argv += ["--distance", args.distance] if args.distance != "l2" else []
     argv += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
     argv += ["--n-blocks", str(args.n_blocks)] if args.n_blocks else []
     if args.dagger_rounds:

@@ -45,6 +45,10 @@ class DistillConfig(BCConfig):
     teacher and mixed into every batch (DAgger); None: the store's windows only."""
     visited_fraction: float = 0.5
     """Share of each batch drawn from ``visited`` (when given)."""
+    distance: str = "l2"
+    """l2: the squared error to the teacher's chunk; pseudo_huber: sqrt(err + c²) - c, about the error's norm (Song &
+    Dhariwal 2023's consistency loss): where the student cannot tell noises of two routes apart, l2's optimum is the
+    routes' mean, pseudo_huber's their geometric median (the majority route)."""
     start_fraction: float = 0.5
     """Share of each batch trained from the start of the teacher's chain (k = 0, where a one-step student samples);
     the rest from a point drawn uniformly on it. 1.0: a one-step student trained only where it samples (as OneDP's
@@ -54,6 +58,8 @@ class DistillConfig(BCConfig):
         super().__post_init__()
         if not 0.0 < self.visited_fraction <= 1.0:
             raise ValueError(f"--algo.visited-fraction: got {self.visited_fraction}; allowed (0, 1]")
+        if self.distance not in ("l2", "pseudo_huber"):
+            raise ValueError(f"--algo.distance: got {self.distance!r}; allowed l2, pseudo_huber")
         if not 0.0 <= self.start_fraction <= 1.0:
             raise ValueError(f"--algo.start-fraction: got {self.start_fraction}; allowed [0, 1]")
         if self.visited is not None and not Path(self.visited).is_file():
@@ -125,7 +131,7 @@ class Distill(BC):
             raise ValueError(
                 f"--algo.start-fraction 1.0: a {policy.config.steps}-step student samples mid-chain too; use < 1"
             )
-        policy.start_fraction = config.start_fraction
+        policy.start_fraction, policy.distance = config.start_fraction, config.distance
         teacher, _ = load_policy(config.teacher)
         if config.from_teacher:
             uncopied = policy.copy_teacher(teacher)

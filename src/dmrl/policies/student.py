@@ -76,6 +76,10 @@ class StudentPolicyConfig:
             raise ValueError("student steps 2 re-noises to the middle of the teacher's grid: needs teacher_steps >= 2")
 
 
+PSEUDO_HUBER_C = 0.00054
+"""The pseudo-Huber loss's c (Song & Dhariwal 2023's 0.00054·sqrt(d) for the norm, here on the RMS error)."""
+
+
 class _Detached:
     """Holds the teacher outside the student's modules: not saved, not moved by .to(), shared by deep copies (the
     EMA copy of the student needs no teacher of its own)."""
@@ -119,6 +123,7 @@ class StudentPolicy(ChunkPolicy):
         self.register_buffer("grid_sqrt_1m_ab", schedule.sqrt_one_minus_alphas_cumprod[grid].float(), persistent=False)
         self._teacher: _Detached | None = None
         self.start_fraction = 0.5  # share of a batch trained from the chain's start (set by --algo.start-fraction)
+        self.distance = "l2"  # l2 or pseudo_huber (set by --algo.distance)
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -201,8 +206,12 @@ class StudentPolicy(ChunkPolicy):
         enc = self.encode_tokens(obs)
         pred = self.denoiser(x, self.grid[k], *self._condition_from(enc)).float()
         err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B,)
+        # pseudo_huber: about the error's norm, whose minimiser over targets the student cannot tell apart is their
+        # geometric median (the majority route), where the squared error's is their mean (into the obstacle).
+        per_item = err if self.distance == "l2" else (err + PSEUDO_HUBER_C**2).sqrt() - PSEUDO_HUBER_C
         first = k == 0
-        out = {"loss": err.mean(), "distill_first": err[first].mean() if first.any() else err.new_zeros(())}
+        out = {"loss": per_item.mean(), "distill_mse": err.mean()}
+        out["distill_first"] = err[first].mean() if first.any() else err.new_zeros(())
         return self._add_aux(out, batch, enc.pooled)
 
     # The diffusion policy's: the transformer denoiser reads the multimodal tokens, the others the pooled vector.

@@ -49,6 +49,9 @@ class DistillCommandConfig:
     """Optimizer steps of each DAgger round."""
     visited_fraction: float = 0.5
     """Share of each batch drawn from the visited windows in DAgger rounds."""
+    distance: str = "l2"
+    """The loss: l2 (squared error to the teacher's chunk) or pseudo_huber (about its norm: the majority route where
+    the student cannot tell two routes' noises apart)."""
     start_fraction: float = 0.5
     """Share of each batch trained from the start of the teacher's chain (1.0: a one-step student only where it
     samples; a two-step student needs < 1)."""
@@ -123,6 +126,7 @@ class DistillCommandConfig:
                 train_encoder=self.train_encoder,
                 visited_fraction=self.visited_fraction,
                 start_fraction=self.start_fraction,
+                distance=self.distance,
             ),
             engine=self.engine,
         )
