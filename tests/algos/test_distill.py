@@ -134,3 +134,31 @@ def test_a_dagger_round_warms_up_for_a_tenth_of_its_steps_and_decays_to_zero(tmp
     round0 = json.loads((tmp_path / "student-dagger" / "round0" / "config.json").read_text())
     assert round0["algo"]["warmup_steps"] == 200  # round 0 keeps BC's
     assert json.loads((out / "summary.json").read_text())["lr"] < 1e-8  # the last round's cosine reached 0
+
+
+def test_pseudo_huber_is_about_the_errors_norm_and_still_logs_the_squared_error():
+    import torch
+
+    from dmrl.policies.student import PSEUDO_HUBER_C
+
+    student = _student(1)
+    student.start_fraction = 1.0
+    batch = {"obs": {"state": torch.randn(6, 2, 3)}, "action": torch.zeros(6, 8, 2)}
+    z_seen: list = []
+    target = torch.randn(6, 8, 2).clamp(-1, 1)
+    student.teacher_chain = lambda obs, z: (z_seen.append(z) or torch.stack([z] * 4), target)
+    torch.manual_seed(0)
+    l2 = student.loss(batch)
+    student.distance = "pseudo_huber"
+    torch.manual_seed(0)
+    ph = student.loss(batch)
+    torch.testing.assert_close(z_seen[0], z_seen[1])  # the same noise: the same predictions
+    torch.testing.assert_close(ph["distill_mse"], l2["loss"])
+    with torch.no_grad():
+        pred = student.denoiser(
+            z_seen[0], student.grid[torch.zeros(6, dtype=torch.long)], *student.condition(batch["obs"])
+        )
+    err = (pred - target).pow(2).mean(dim=(1, 2))
+    torch.testing.assert_close(ph["loss"], ((err + PSEUDO_HUBER_C**2).sqrt() - PSEUDO_HUBER_C).mean())
+    # Far from the target it grows as the RMS error, not its square: a route's blend weighs less than under l2.
+    assert ph["loss"] < err.sqrt().mean() and ph["loss"] > err.sqrt().mean() - PSEUDO_HUBER_C
