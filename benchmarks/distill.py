@@ -28,7 +28,7 @@ import torch
 from _common import machine, parse_args, write_results
 from dmrl.cli import main as dmrl
 from dmrl.policies.checkpoint import load_policy
-from dmrl.train.evaluate import evaluate
+from dmrl.train.distill import visited_windows
 
 
 @dataclass
@@ -93,6 +93,39 @@ def run_flags(run: Path) -> list[str] | None:
     return []
 
 
+FAR = 0.1
+"""A chunk this far (RMS, normalised action units) from the teacher's chunk for the same noise counts as far."""
+
+
+def store_windows(store: Path, n_obs_steps: int, n: int = 1000) -> np.ndarray:
+    """``n`` observation windows (n, To, D) of the store's states, drawn uniformly (seed 0) from whole windows."""
+    from dmrl.data import EpisodeStore
+
+    s = EpisodeStore.open(store)
+    states = np.asarray(s.array("state")[:])
+    ends = np.asarray(s.episode_ends)
+    starts = np.concatenate([[0], ends[:-1]])
+    last = np.concatenate([np.arange(a + n_obs_steps - 1, b) for a, b in zip(starts, ends, strict=True)])
+    last = np.random.default_rng(0).choice(last, min(n, len(last)), replace=False)
+    return np.stack([states[last - n_obs_steps + 1 + i] for i in range(n_obs_steps)], 1)
+
+
+@torch.no_grad()
+def teacher_gap(policy, reference, windows: np.ndarray, name: str, n: int = 1000) -> dict[str, float]:
+    """How far ``policy``'s chunk lands from the ``reference`` (the teacher, DDIM-10) chunk for the same noise, over
+    up to ``n`` of ``windows`` (N, To, D): {gap_mse_<name>: mean squared distance, far_<name>: share of (window,
+    noise) pairs farther than FAR (RMS)}, in normalised action units."""
+    idx = np.random.default_rng(1).permutation(len(windows))[:n]
+    obs = {"state": torch.as_tensor(windows[idx], dtype=torch.float32)}
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(len(idx), policy.chunk.horizon, policy.action_dim, generator=gen)
+    ref = reference.sample_chunk(*reference.condition(obs), init_noise=z)
+    torch.manual_seed(3)  # a two-step student's re-noising draw
+    out = policy.sample_chunk(*policy.condition(obs), init_noise=z)
+    mse = (out - ref).pow(2).mean(dim=(1, 2))
+    return {f"gap_mse_{name}": float(mse.mean()), f"far_{name}": float((mse.sqrt() > FAR).float().mean())}
+
+
 def decision_ms(planner, policy, reps: int = 200) -> float:
     """Median ms of one plan (a chunk from To frames) at batch 1 on one thread."""
     obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, int(policy.obs_dims["state"]))}
@@ -149,10 +182,14 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
     return time.perf_counter() - t
 
 
-def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, **extra) -> dict:
+def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, gap: tuple | None = None, **extra) -> dict:
+    """Evaluate ``policy``; ``gap`` (the reference teacher, the store's windows): also its distance to the
+    teacher's chunks on the store's windows and on the windows it planned from in these episodes (``own``)."""
     seeds = list(range(args.eval_seed, args.eval_seed + args.eval_episodes))
-    evaluated = evaluate(policy.cpu(), env[0], seeds, env[1], n_envs=args.eval_envs, workers=args.eval_envs > 1)
+    own, evaluated = visited_windows(policy.cpu(), env[0], env[1], seeds, args.eval_envs)
     result = evaluated.summary()
+    if gap is not None:
+        extra |= teacher_gap(policy, gap[0], gap[1], "store") | teacher_gap(policy, gap[0], own["state"], "own")
     # Per-episode outcomes (JSON only): the same seeds for every policy, so failures can be paired across rows.
     failed = sorted(r.seed for r in evaluated.records if not r.success)
     collided = sorted(r.seed for r in evaluated.records if r.collision)
@@ -203,13 +240,17 @@ def main() -> None:
         env = (meta["env_id"], meta["env_kwargs"])
         teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
         teacher_success = {}
+        reference, _ = load_policy(run / "checkpoint")  # the teacher's own chain (DDIM-10, deterministic)
+        reference.set_sampler(reference.sampler.num_steps, eta=0.0)
+        gap = (reference, store_windows(store, reference.chunk.n_obs_steps))
         if args.teacher_rows:
             name = f"teacher DDIM-{teacher.sampler.num_steps}"
             rows.append(row(name, seed, teacher, env, args, train_seconds=meta["train_seconds"]))
             teacher_success = {"teacher_success_rate": rows[-1]["success_rate"]}
             for n in sorted(set(args.student_steps)):  # the same network with as many calls, without distillation
                 teacher.set_sampler(n)
-                rows.append(row(f"teacher DDIM-{n} (no distillation)", seed, teacher, env, args, **teacher_success))
+                name = f"teacher DDIM-{n} (no distillation)"
+                rows.append(row(name, seed, teacher, env, args, gap, **teacher_success))
         for steps in args.student_steps:
             srun = args.out / f"{args.tag(steps)}_seed{seed}"
             extra: dict = dict(teacher_success)
@@ -231,7 +272,7 @@ def main() -> None:
             student, _ = load_policy(srun / "checkpoint")
             settings = args.tag(steps).removeprefix(f"student{steps}_s{args.distill_steps}").replace("_", " ").strip()
             name = f"student {steps}-step" + (f" ({settings})" if settings else "")
-            rows.append(row(name, seed, student, env, args, **extra))
+            rows.append(row(name, seed, student, env, args, gap, **extra))
     meta = {
         **machine(),
         "command": " ".join(["python benchmarks/distill.py", *sys.argv[1:]]),
@@ -239,7 +280,10 @@ def main() -> None:
         "note": "train_seconds: the teacher's training wall time when it was trained (2 cores, other jobs beside it); "
         "cost_vs_teacher: distill_wall_s (the whole dmrl distill run, DAgger rollouts included) / (teacher steps x "
         "teacher_s_per_step), the teacher's step timed over cost_steps steps just before the distillation, "
-        "load_avg_1min the machine's load then; decision_ms_*: one plan at batch 1, one thread",
+        "load_avg_1min the machine's load then; decision_ms_*: one plan at batch 1, one thread; gap_mse_* / far_*: the "
+        "mean squared distance (normalised actions) between the policy's chunk and the teacher's DDIM-10 chunk from "
+        "the same noise, and the share of pairs farther than 0.1 RMS, on 1000 store windows (store) and on up to 1000 "
+        "of the windows the policy planned from in its evaluation episodes (own)",
     }
     columns = ["policy", "seed", "episodes", "success_rate", "ci_low", "ci_high", "route_left", "route_right"]
     columns += [
@@ -248,6 +292,10 @@ def main() -> None:
         "grasp_none",
         "grasp_wrong",
         "teacher_success_rate",
+        "gap_mse_store",
+        "far_store",
+        "gap_mse_own",
+        "far_own",
         "decision_ms_torch",
         "decision_ms_onnxruntime",
     ]

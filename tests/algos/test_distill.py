@@ -162,3 +162,18 @@ def test_pseudo_huber_is_about_the_errors_norm_and_still_logs_the_squared_error(
     torch.testing.assert_close(ph["loss"], ((err + PSEUDO_HUBER_C**2).sqrt() - PSEUDO_HUBER_C).mean())
     # Far from the target it grows as the RMS error, not its square: a route's blend weighs less than under l2.
     assert ph["loss"] < err.sqrt().mean() and ph["loss"] > err.sqrt().mean() - PSEUDO_HUBER_C
+
+
+def test_benchmark_gap_is_zero_for_the_teachers_own_chain_and_not_for_its_one_step(teacher, bench):
+    from dmrl.policies.checkpoint import load_policy
+
+    store = Path(json.loads((teacher / "config.json").read_text())["meta"]["dataset"])
+    windows = bench.store_windows(store, 2, n=50)
+    assert windows.shape == (50, 2, 31)
+    reference, _ = load_policy(teacher)
+    reference.set_sampler(reference.sampler.num_steps, eta=0.0)
+    same = bench.teacher_gap(reference, reference, windows, "store")
+    assert same == {"gap_mse_store": 0.0, "far_store": 0.0}
+    one_step, _ = load_policy(teacher)
+    one_step.set_sampler(1, eta=0.0)
+    assert bench.teacher_gap(one_step, reference, windows, "own")["gap_mse_own"] > 0.0

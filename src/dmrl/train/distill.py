@@ -143,9 +143,9 @@ DAGGER_SEED = 300_000
 """First env seed of the students' closed-loop episodes: apart from evaluation (100000..) and selection (200000..)."""
 
 
-def visited_windows(policy, env_id: str, env_kwargs: dict, seeds: list[int], n_envs: int) -> tuple[dict, dict]:
+def visited_windows(policy, env_id: str, env_kwargs: dict, seeds: list[int], n_envs: int) -> tuple[dict, Any]:
     """Roll ``policy`` out on ``seeds``; -> (the raw observation windows it planned from {key: (N, To, ...)},
-    the episodes' evaluation summary). One env steps in this process; more step in worker processes."""
+    the episodes' EvalResult). One env steps in this process; more step in worker processes."""
     import numpy as np
     import torch
 
@@ -159,7 +159,7 @@ def visited_windows(policy, env_id: str, env_kwargs: dict, seeds: list[int], n_e
 
     policy.set_planner(plan)
     try:
-        result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=n_envs, workers=n_envs > 1).summary()
+        result = evaluate(policy, env_id, seeds, env_kwargs, n_envs=n_envs, workers=n_envs > 1)
     finally:
         policy.set_planner(None)
     return {k: np.concatenate([g[k] for g in got]) for k in got[0]}, result
@@ -210,7 +210,8 @@ def run_dagger(cfg: DistillCommandConfig) -> dict:
             student, meta = load_policy(prev)
             first = DAGGER_SEED + r * cfg.dagger_episodes
             seeds = list(range(first, first + cfg.dagger_episodes))
-            windows, result = visited_windows(student, meta["env_id"], meta["env_kwargs"], seeds, cfg.eval_envs)
+            windows, evaluated = visited_windows(student, meta["env_id"], meta["env_kwargs"], seeds, cfg.eval_envs)
+            result = evaluated.summary()
             save_windows(own, windows)
             n = len(next(iter(windows.values())))
             with (rounds / "rollouts.jsonl").open("a") as f:
