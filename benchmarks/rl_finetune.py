@@ -143,6 +143,8 @@ class Args:
     """QC's in-support backup: proposal samples maxed over at s'"""
     qc_candidate_noise: float = 0.0
     """QC: std of the noise on the executed actions of all but one of the N candidates (algo.candidate_noise)"""
+    qc_candidate_margin: float = 0.0
+    """QC: Q margin a perturbed candidate needs over the actor's own sample (algo.candidate_margin)"""
     selection: bool = False
     """curves and final evaluation on the selection seeds (200000..) into {name}_select.json, to choose settings"""
     scratch_eta: float | None = None
@@ -214,9 +216,11 @@ def main() -> None:
                 online["bc_data"] = "replay"
             elif algo == "qc":
                 spec = {"type": "qc", "n_action_samples": args.qc_samples, "backup_samples": args.qc_backup_samples,
-                        "candidate_noise": args.qc_candidate_noise}  # fmt: skip
+                        "candidate_noise": args.qc_candidate_noise,
+                        "candidate_margin": args.qc_candidate_margin}  # fmt: skip
                 tag = f"n{args.qc_samples}" + (f"b{args.qc_backup_samples}" if args.qc_backup_samples != 8 else "")
                 tag += f"s{args.qc_candidate_noise:g}" if args.qc_candidate_noise else ""
+                tag += f"m{args.qc_candidate_margin:g}" if args.qc_candidate_margin else ""
             else:
                 spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
             budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
@@ -280,6 +284,7 @@ def main() -> None:
         "offline_share": args.offline_share or None,
         "qc_backup_samples": args.qc_backup_samples,
         "qc_candidate_noise": args.qc_candidate_noise,
+        "qc_candidate_margin": args.qc_candidate_margin,
         "dsrl_explore": args.dsrl_explore,
         "curves": {a: c for a, c in curves.items()},
         "wall_min": round((time.perf_counter() - t0) / 60, 1),

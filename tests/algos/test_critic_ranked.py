@@ -96,3 +96,6 @@ def test_candidate_noise_lets_the_critic_move_a_collapsed_actor_towards_its_best
     torch.manual_seed(0)
     picked = ranked.actor.normalizer.normalize("actions", ranked.predict_chunk(obs))[:, to - 1 : to - 1 + ta]
     assert (picked - 0.5).pow(2).sum() < (as_is - 0.5).pow(2).sum() - 0.5, "the critic's pick moves towards 0.5"
+    ranked.margin = 100.0  # no perturbed candidate beats the actor's own sample by 100
+    kept = ranked.actor.normalizer.normalize("actions", ranked.predict_chunk(obs))[:, to - 1 : to - 1 + ta]
+    assert torch.allclose(kept, torch.zeros_like(kept), atol=1e-5), "a margin the critic cannot clear keeps the actor"

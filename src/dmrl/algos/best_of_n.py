@@ -77,11 +77,15 @@ class CriticRankedPolicy(PlanningWrapper):
 
     ``noise`` > 0 perturbs the executed actions of samples 1..N-1 (sample 0 stays the actor's) by Gaussian noise of
     that std in the normalised action space, clipped to the action bounds, before the critic ranks them: where a
-    trained actor's samples are near-identical, the choice is then not only between copies of one chunk."""
+    trained actor's samples are near-identical, the choice is then not only between copies of one chunk. A perturbed
+    candidate is picked only if its Q beats the actor's own sample by ``margin`` (the critic has seen few such
+    chunks: it must be sure before it leaves the actor's support)."""
 
-    def __init__(self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int, noise: float = 0.0):
+    def __init__(
+        self, actor: ChunkPolicy, critic: ChunkCritic, n_samples: int, noise: float = 0.0, margin: float = 0.0
+    ):
         super().__init__(actor)
-        self.critic, self.n_samples, self.noise = critic, n_samples, noise
+        self.critic, self.n_samples, self.noise, self.margin = critic, n_samples, noise, margin
 
     def perturb(self, chunks: Tensor, n: int) -> Tensor:
         """(B·N, Tp, Da) normalised samples -> the same with samples j >= 1 of each row's N perturbed in their Ta
@@ -104,5 +108,7 @@ class CriticRankedPolicy(PlanningWrapper):
         if self.noise > 0:
             chunks = self.perturb(chunks, n)
         q = self.critic(rep, self.critic.executed(chunks)).min(0).values.view(b, n)  # (B, N)
+        if self.noise > 0 and self.margin:
+            q[:, 1:] -= self.margin  # sample 0 of every env is the actor's own, unperturbed
         best = chunks.view(b, n, *chunks.shape[1:])[torch.arange(b, device=chunks.device), q.argmax(1)]
         return self.actor.raw_actions(best)

@@ -45,6 +45,8 @@ class ProposalConfig:
     samples before the critic picks one, in evaluation and in online collectors (0: the proposal's samples alone).
     A trained proposal's samples can be near-identical where the outcome is decided; perturbed candidates give the
     critic a choice there, and collecting with them shows the critic what those choices lead to."""
+    candidate_margin: float = 0.0
+    """Q units by which a perturbed candidate must beat the actor's own sample to be picked (with candidate_noise)."""
     critic: CriticConfig = field(default_factory=per_member_critic)
 
     def __post_init__(self) -> None:
@@ -58,6 +60,8 @@ class ProposalConfig:
                 f"--algo.candidate-noise: got {self.candidate_noise} with n_action_samples {self.n_action_samples}; "
                 "need >= 0, and > 0 only with --algo.n-action-samples >= 2 (sample 0 is never perturbed)"
             )
+        if self.candidate_margin < 0:
+            raise ValueError(f"--algo.candidate-margin: got {self.candidate_margin}; need >= 0 (Q units)")
 
 
 @dataclass
@@ -127,8 +131,9 @@ class BCProposalCritic(nn.Module):
         (1 sample: the proposal alone)."""
         if self.config.n_action_samples == 1:
             return self.policy
+        cfg = self.config
         return CriticRankedPolicy(
-            self.policy, self.critic_target, self.config.n_action_samples, self.config.candidate_noise
+            self.policy, self.critic_target, cfg.n_action_samples, cfg.candidate_noise, cfg.candidate_margin
         )
 
     def data_q(self, batch: dict) -> Tensor:
