@@ -135,7 +135,8 @@ def dataset(env: str, task: int, episodes: int, runs_dir: Path = RUNS, out: Path
     if (path / ".done").exists():
         return path
     argv = ["collect", "--env", f"ogbench/{env}-play-singletask-task{task}-v0", "--episodes", str(episodes)]
-    argv += ["--seed", "0", "--obs-modes", "state", "--out", str(path), "--workers", "2", "--overwrite"]
+    workers = "2" if episodes > 1 else "0"  # one episode: in this process, no worker start-up
+    argv += ["--seed", "0", "--obs-modes", "state", "--out", str(path), "--workers", workers, "--overwrite"]
     cpu0, t0, load0 = _cpu_seconds(), time.perf_counter(), os.getloadavg()[0]
     if dmrl(argv) != 0:
         raise SystemExit(f"dmrl {' '.join(argv)} failed")
@@ -178,6 +179,9 @@ class Stopper:
     curve point appears in ``metrics`` (or ``grace`` minutes later at the latest): dmrl then saves a state and the
     segment ends on a curve point, so nothing evaluated is lost."""
 
+    POLL = 2.0  # seconds between looks at metrics.jsonl
+    SETTLE = 3.0  # seconds between a new point and the interrupt: dmrl saves the point's state first
+
     def __init__(self, metrics: Path, minutes: float, grace: float) -> None:
         self.metrics, self.deadline, self.grace = metrics, time.time() + 60 * minutes, 60 * grace
         self.load: list[float] = []
@@ -193,7 +197,7 @@ class Stopper:
 
     def _loop(self) -> None:
         last_load, seen = 0.0, None
-        while not self._done.wait(2):
+        while not self._done.wait(self.POLL):
             now = time.time()
             if now - last_load >= 30:
                 self.load.append(os.getloadavg()[0])
@@ -202,7 +206,8 @@ class Stopper:
                 continue
             seen = self._points() if seen is None else seen
             if self._points() > seen or now > self.deadline + self.grace:
-                self._done.wait(3)  # let dmrl save the state of that point first
+                if self._done.wait(self.SETTLE):  # the run ended meanwhile
+                    return
                 self.stopped = True
                 os.kill(os.getpid(), signal.SIGINT)
                 return
@@ -229,6 +234,12 @@ def read_points(metrics: Path) -> list[dict]:
         for m in lines
         if "curve_success" in m
     ]
+
+
+def logged_steps(metrics: Path) -> list[int]:
+    """Every step a run's metrics.jsonl logged (a resumed run has dropped those after its last saved state)."""
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return [json.loads(x)["step"] for x in lines if x.strip()]
 
 
 def update_rate(metrics: Path, since: int) -> float | None:
@@ -262,18 +273,21 @@ def run_segment(env: str, task: int, method: str, seed: int, a: Args, runs_dir: 
         old = None
     since = old["updates_done"] if old else 0
     started, cpu0, t0 = machine(), _cpu_seconds(), time.perf_counter()
-    with Stopper(run_dir / "metrics.jsonl", a.minutes, grace=max(5.0, a.minutes / 2)) as stop:
-        try:
-            code = dmrl(argv)
-        except KeyboardInterrupt:
-            code = 130
+    stop, code = Stopper(run_dir / "metrics.jsonl", a.minutes, grace=max(5.0, a.minutes / 2)), None
+    try:
+        with stop:
+            code = dmrl(argv)  # dmrl turns the Stopper's SIGINT into a saved state and exit 130
+    except KeyboardInterrupt:  # the SIGINT landed outside dmrl's loop (while it started or finished)
+        if not stop.stopped:
+            raise
+        code = 130 if code is None else code
     if code not in (0, 130):
         raise SystemExit(f"dmrl {' '.join(argv)} failed (exit {code})")
     if code == 130 and not stop.stopped:
         raise KeyboardInterrupt  # a Ctrl-C from outside: the state is saved, nothing recorded
     points = read_points(run_dir / "metrics.jsonl")
     curve = merge_curve(old["curve"] if old else [], points, a.curve_episodes)
-    done = max([since, *(p["updates"] for p in points)])
+    done = max([since, *logged_steps(run_dir / "metrics.jsonl")])
     seg = {
         "updates": [since, done],
         "minutes": round((time.perf_counter() - t0) / 60, 2),

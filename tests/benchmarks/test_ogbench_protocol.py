@@ -1,5 +1,5 @@
 """benchmarks/ogbench.py: its bookkeeping on hand-made run JSONs, the segment stopper, and one tiny run end to end
-(OGBench play data collected with the oracles -> QC trained 4 updates with 2 curve points -> run JSON -> table)."""
+(OGBench play data -> QC in two segments, stopped and resumed -> run JSON -> table)."""
 
 import importlib.util
 import json
@@ -66,30 +66,54 @@ def test_aggregate_rows_and_curve_merge(og, tmp_path):
     assert "not the published files" in md and "| scene-play-singletask-task2 | qc | 0 | 100000 | 0.800 |" in md
 
 
-def test_stopper_interrupts_after_the_next_curve_point(og, tmp_path):
+def test_stopper_interrupts_after_the_next_curve_point(og, tmp_path, monkeypatch):
+    monkeypatch.setattr(og.Stopper, "POLL", 0.1)
+    monkeypatch.setattr(og.Stopper, "SETTLE", 0.2)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 2, "curve_success": 0.5}\n')
     signal.signal(signal.SIGINT, signal.default_int_handler)
     t0 = time.time()
     with pytest.raises(KeyboardInterrupt), og.Stopper(metrics, minutes=0.0, grace=5.0) as stop:
-        time.sleep(2.5)  # the deadline has passed, but no new point yet: no interrupt
+        time.sleep(1.0)  # the deadline has passed, but no new point yet: no interrupt
         assert not stop.stopped
         with metrics.open("a") as f:
             f.write('{"step": 4, "curve_success": 0.5}\n')
         time.sleep(30)
-    assert stop.stopped and time.time() - t0 < 15
+    assert stop.stopped and time.time() - t0 < 5
 
 
-def test_one_tiny_run_end_to_end(og, tmp_path):
+def test_a_tiny_run_in_two_segments(og, tmp_path, monkeypatch):
+    """1 play episode collected with the oracles -> QC, a segment stopped after its first curve point, then resumed
+    to the end -> run and data JSON -> table."""
     pytest.importorskip("ogbench", reason='OGBench not installed (pip install -e ".[suites]")')
-    a = og.Args(data_episodes=1, updates=4, minutes=30.0, curve_every=2, curve_episodes=1)
+    import dmrl.envs.suites.ogbench as adapter
+
+    monkeypatch.setattr(adapter, "PLAY_STEPS", 100)  # the protocol's 1001-step play episodes, cut short
+    monkeypatch.setattr(og, "BATCH", 16)  # of the 100 windows
+    monkeypatch.setattr(og.Stopper, "POLL", 0.05)
+    monkeypatch.setattr(og.Stopper, "SETTLE", 1.0)  # a SIGINT while dmrl writes the point's state would break it
+    from dmrl.train.offline import OfflineSource
+
+    curve = OfflineSource.curve
+
+    def slow_curve(self, step, algo):  # a slow step 4, so that the Stopper's SIGINT lands before the run's end
+        if step == 4:
+            time.sleep(5)
+        return curve(self, step, algo)
+
+    monkeypatch.setattr(OfflineSource, "curve", slow_curve)
     runs, out = tmp_path / "runs", tmp_path / "out"
-    path = og.run_segment("cube-single", 2, "qc", 0, a, runs_dir=runs, out=out)
-    r = json.loads(path.read_text())
-    assert r["complete"] and r["updates_done"] == 4 and len(r["segments"]) == 1
-    assert [(p["updates"], p["episodes"]) for p in r["curve"]] == [(2, 1), (4, 1)]
-    assert r["segments"][0]["updates_per_s"] > 0 and "--algo.type" in r["dmrl_argv"]
+    a = og.Args(data_episodes=1, updates=6, minutes=1e-6, curve_every=2, curve_episodes=1)
+    first = json.loads(og.run_segment("cube-single", 2, "qc", 0, a, runs_dir=runs, out=out).read_text())
+    assert not first["complete"] and 2 <= first["updates_done"] < 6 and first["curve"][0]["updates"] == 2
+    a.minutes = 30.0
+    r = json.loads(og.run_segment("cube-single", 2, "qc", 0, a, runs_dir=runs, out=out).read_text())
+    assert r["complete"] and r["updates_done"] == 6 and len(r["segments"]) == 2
+    assert r["segments"][1]["updates"][0] == first["updates_done"] and "--resume" in r["dmrl_argv"]
+    steps = [p["updates"] for p in r["curve"]]
+    assert steps[0] == 2 and steps[-1] == 6 and steps == sorted(set(steps)) and set(steps) <= {2, 4, 6}
+    assert all(p["episodes"] == 1 for p in r["curve"]) and r["segments"][-1]["updates_per_s"] > 0
     data = json.loads((runs / "data__cube-single-task2_1ep.json").read_text())
-    assert data["steps"] == 1001 and data["steps_per_s"] > 0
+    assert data["steps"] == 100 and data["steps_per_s"] > 0
     rows = og.aggregate(runs, tmp_path / "results")
-    assert [row["updates"] for row in rows] == [2, 4] and all(row["episodes"] == 1 for row in rows)
+    assert [row["updates"] for row in rows] == steps
