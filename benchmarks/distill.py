@@ -126,6 +126,42 @@ def teacher_gap(policy, reference, windows: np.ndarray, name: str, n: int = 1000
     return {f"gap_mse_{name}": float(mse.mean()), f"far_{name}": float((mse.sqrt() > FAR).float().mean())}
 
 
+def pooled(rows: list[dict], reference: str) -> list[dict]:
+    """One row per policy over all its training seeds: success with a Wilson interval over every episode, the
+    route and failure shares averaged, and the paired difference to ``reference`` (the teacher) on the same
+    episode seeds: mean of (reference succeeded) - (policy succeeded), with a 95% bootstrap interval (10000
+    resamples of the episodes, seed 0)."""
+    from dmrl.train.metrics import wilson_interval
+
+    ref = {(r["seed"], s) for r in rows if r["policy"] == reference for s in r["failed_seeds"]}
+    ref_seeds = {r["seed"] for r in rows if r["policy"] == reference}
+    out = []
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        n = sum(r["episodes"] for r in mine)
+        k = sum(round(r["success_rate"] * r["episodes"]) for r in mine)
+        lo, hi = wilson_interval(k, n)
+        row = {"policy": name, "seed": "all", "episodes": n, "success_rate": k / n, "ci_low": lo, "ci_high": hi}
+        for key in ("route_left", "route_right", "collision_rate", "route_none", "grasp_none", "grasp_wrong"):
+            row[key] = float(np.mean([r[key] for r in mine]))
+        if name != reference and {r["seed"] for r in mine} <= ref_seeds:
+            first = int(mine[0]["eval_seed"])
+            diffs = np.array(
+                [
+                    float((r["seed"], e) not in ref) - float(e not in set(r["failed_seeds"]))
+                    for r in mine
+                    for e in range(first, first + r["episodes"])
+                ]
+            )
+            rng = np.random.default_rng(0)
+            boot = [diffs[rng.integers(0, len(diffs), len(diffs))].mean() for _ in range(10_000)]
+            row |= {"teacher_minus": float(diffs.mean())}
+            low, high = np.percentile(boot, [2.5, 97.5])
+            row |= {"teacher_minus_ci_low": float(low), "teacher_minus_ci_high": float(high)}
+        out.append(row)
+    return out
+
+
 def decision_ms(planner, policy, reps: int = 200) -> float:
     """Median ms of one plan (a chunk from To frames) at batch 1 on one thread."""
     obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, int(policy.obs_dims["state"]))}
@@ -196,6 +232,7 @@ def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, gap: tu
     out = {
         "policy": name,
         "seed": seed,
+        "eval_seed": args.eval_seed,
         "episodes": result["episodes"],
         "success_rate": result["success_rate"],
         "ci_low": result["ci_low"],
@@ -300,6 +337,9 @@ def main() -> None:
         "decision_ms_onnxruntime",
     ]
     columns += ["train_seconds", "distill_wall_s", "teacher_s_per_step", "cost_vs_teacher", "load_avg_1min"]
+    if args.teacher_rows:  # pooled over the training seeds, each paired with its teacher on the same episodes
+        rows += pooled(rows, next(r["policy"] for r in rows if r["policy"].startswith("teacher DDIM-")))
+        columns[6:6] = ["teacher_minus", "teacher_minus_ci_low", "teacher_minus_ci_high"]
     write_results(args.name, rows, meta, columns)
 
 

@@ -177,3 +177,20 @@ def test_benchmark_gap_is_zero_for_the_teachers_own_chain_and_not_for_its_one_st
     one_step, _ = load_policy(teacher)
     one_step.set_sampler(1, eta=0.0)
     assert bench.teacher_gap(one_step, reference, windows, "own")["gap_mse_own"] > 0.0
+
+
+def test_benchmark_pools_seeds_and_pairs_each_episode_with_the_teachers(bench):
+    def made(policy: str, seed: int, failed: list[int]) -> dict:
+        shares = {k: 0.5 for k in ("route_left", "route_right")}
+        shares |= {k: 0.0 for k in ("collision_rate", "route_none", "grasp_none", "grasp_wrong")}
+        row = {"policy": policy, "seed": seed, "eval_seed": 10, "episodes": 4, "success_rate": 1 - len(failed) / 4}
+        return row | shares | {"failed_seeds": failed}
+
+    rows = [made("teacher DDIM-10", 0, [10]), made("student", 0, [10, 11]), made("teacher DDIM-10", 1, [])]
+    rows += [made("student", 1, [13])]
+    teacher, student = bench.pooled(rows, "teacher DDIM-10")
+    assert (teacher["episodes"], teacher["success_rate"], "teacher_minus" in teacher) == (8, 7 / 8, False)
+    assert student["seed"] == "all" and student["success_rate"] == 5 / 8
+    # Episode (0, 11) and (1, 13): the teacher succeeded, the student did not; (0, 10) failed for both.
+    assert student["teacher_minus"] == 2 / 8
+    assert student["teacher_minus_ci_low"] <= 2 / 8 <= student["teacher_minus_ci_high"]
