@@ -26,6 +26,8 @@ class Args:
     """finished actor-critic run directories (diffusion-ql, qc, idql)"""
     n: list[int] = field(default_factory=lambda: [1, 4, 16])
     """chunks sampled per decision"""
+    noise: list[float] = field(default_factory=lambda: [0.0])
+    """qc / idql: candidate noise settings (algo.candidate_noise; the run's candidate_margin is kept)"""
     episodes: int = 50
     """evaluation episodes per (run, N)"""
     seed: int = 200_000
@@ -44,11 +46,16 @@ def main() -> None:
     seeds = list(range(args.seed, args.seed + args.episodes))
     for run in args.runs:
         algo, cfg, store = load_run(run)
-        for n in args.n:
+        for n, noise in [(n, s) for n in args.n for s in args.noise]:
             algo.config.n_action_samples = n
+            if noise or hasattr(algo.config, "candidate_noise"):
+                if not hasattr(algo.config, "candidate_noise"):
+                    sys.exit(f"--noise: {run} is a {cfg.algo_type} run; candidate noise is qc's and idql's")
+                algo.config.candidate_noise = noise if n > 1 else 0.0
             ev = evaluate(algo.evaluation_policy().cpu(), store.attrs["env_id"], seeds, env_kwargs_from_store(store),
                           n_envs=args.envs).summary()  # fmt: skip
             row = {"run": str(run), "algo": cfg.algo_type, "eta": getattr(cfg.algo, "eta", None), "n_samples": n,
+                   "candidate_noise": getattr(algo.config, "candidate_noise", None),
                    "episodes": ev["episodes"], "success_rate": ev["success_rate"], "ci_low": ev["ci_low"],
                    "ci_high": ev["ci_high"],
                    "route_left": ev["route_left"], "route_right": ev["route_right"],
