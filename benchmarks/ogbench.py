@@ -403,7 +403,15 @@ def aggregate(runs_dir: Path = RUNS, results: Path = RESULTS) -> list[dict]:
     }
     results.mkdir(parents=True, exist_ok=True)
     _atomic_json(results / "ogbench.json", {"meta": meta, "results": rows})
-    text = markdown(rows, runs, data, {k: meta[k] for k in ("cpu", "git_commit", "date", "command", "protocol")})
+    text = markdown(
+        rows,
+        runs,
+        data,
+        {
+            k: meta[k]
+            for k in ("cpu", "git_commit", "date", "command", "protocol", "published_curve", "published_final")
+        },
+    )
     (results / "ogbench.md.tmp").write_text(text)
     os.replace(results / "ogbench.md.tmp", results / "ogbench.md")
     print(text)
