@@ -125,6 +125,31 @@ def test_act_with_onnx_planner_serves_any_batch(exported):
     torch.testing.assert_close(batch, torch.cat(single))
 
 
+def test_batch_one_decision_is_the_graph_on_the_seeded_noise(exported):
+    # The planner's batch-1 path (a robot's decision): obs converted without a needless copy, the noise drawn as
+    # float64 standard normals from its seed and cast down (the stream earlier versions drew), each call's chunk
+    # its own array.
+    ex = _get(exported, "student")
+    planner = OnnxPlanner(ex.path, seed=11)
+    state = np.random.default_rng(1).standard_normal((1, 2, STATE_DIM))  # float64: the planner casts it
+    obs = {"state": torch.from_numpy(state)}
+    first, second = planner(obs), planner(obs)
+    rng = np.random.default_rng(11)
+    for got in (first, second):
+        feeds = {"state": state.astype(np.float32)}
+        for name in ex.sidecar["noise_inputs"]:
+            feeds[name] = rng.standard_normal(ex.sidecar["inputs"][name]["shape"]).astype(np.float32)
+        np.testing.assert_array_equal(got.numpy(), planner.run(feeds))
+    assert first.dtype == torch.float32 and not torch.equal(first, second)  # fresh noise per decision
+    # a non-contiguous float32 view gives the same chunk as its contiguous copy
+    wide = torch.from_numpy(np.repeat(state.astype(np.float32), 2, axis=2))[..., ::2]
+    assert not wide.is_contiguous()
+    planner.rng = np.random.default_rng(3)
+    a = planner({"state": wide})
+    planner.rng = np.random.default_rng(3)
+    torch.testing.assert_close(a, planner({"state": wide.contiguous()}), rtol=0, atol=0)
+
+
 def test_every_registered_policy_kind_is_exported(exported):
     names = {ex.policy.name for ex in exported.values()}
     assert set(POLICIES) <= names, f"add an export of {sorted(set(POLICIES) - names)} to tests/export/conftest.py"

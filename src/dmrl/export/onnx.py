@@ -236,12 +236,17 @@ class OnnxPlanner:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
+        # ORT's defaults, said outright: every graph rewrite (constant folding, Gemm/LayerNorm fusions), one node at
+        # a time. The file stays the Ascend-safe graph; these only change how onnxruntime runs it.
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.log_severity_level = 3  # ORT warns about ops it cannot constant-fold: not actionable
         self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         self.spec = spec
         self.noise = noise_names(spec)
         tensor_keys = [k for k in spec if k not in self.noise and k not in TEXT_INPUTS]
         self.obs_keys = [*tensor_keys, "instruction"] if self.reads_text else tensor_keys
+        self._dtypes = {k: np.dtype(spec[k][1]) for k in tensor_keys}
         self.batch = next(iter(spec.values()))[0][0]
         self.rng = np.random.default_rng(seed)
         self.text_encoder = text_encoder
@@ -269,25 +274,35 @@ class OnnxPlanner:
             self._text_cache.popitem(last=False)
         return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
+    def _noise(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``feeds`` plus a fresh draw of every noise input (float64 draws cast down: the stream of earlier
+        versions, so a seed gives the same chunks as before)."""
+        for name in self.noise:
+            feeds[name] = self.rng.standard_normal(self.spec[name][0]).astype(np.float32)
+        return feeds
+
     def __call__(self, obs: dict[str, Tensor | list[str]]) -> Tensor:
         missing = [k for k in self.obs_keys if k not in obs]
         if missing:
             raise KeyError(f"onnx planner: obs lacks {missing[0]!r}; the graph needs {self.obs_keys}")
-        arrays = {
-            k: np.ascontiguousarray(obs[k].cpu().numpy()).astype(self.spec[k][1])  # type: ignore[union-attr]
-            for k in self.obs_keys
-            if k != "instruction"
-        }
+        arrays = {k: _as_array(obs[k], dtype) for k, dtype in self._dtypes.items()}
         if self.reads_text:
             arrays["instruction_tokens"], arrays["instruction_mask"] = self.embed(list(obs["instruction"]))
         b, g = len(next(iter(arrays.values()))), self.batch
+        if b == g:  # a robot's decision: the rows are the graph's batch, nothing to slice, pad or concatenate
+            return torch.from_numpy(self.run(self._noise(arrays)))
         out = []
         for start in range(0, b, g):
             rows = {k: v[start : start + g] for k, v in arrays.items()}
             n = len(next(iter(rows.values())))
             if n < g:  # pad the last rows up to the graph's static batch, drop them after
                 rows = {k: np.concatenate([v, np.repeat(v[-1:], g - n, axis=0)]) for k, v in rows.items()}
-            for name in self.noise:
-                rows[name] = self.rng.standard_normal(self.spec[name][0]).astype(np.float32)
-            out.append(self.run(rows)[:n])
+            out.append(self.run(self._noise(rows))[:n])
         return torch.from_numpy(np.concatenate(out))
+
+
+def _as_array(x: Tensor | np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A CPU tensor or array as a C-contiguous array of ``dtype``, copied only when it is not one already
+    (onnxruntime reads it during run() and keeps no reference)."""
+    a = x.detach().cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+    return a if a.dtype == dtype and a.flags.c_contiguous else np.ascontiguousarray(a, dtype=dtype)
