@@ -67,6 +67,7 @@ class LookaheadChooser(PlanningWrapper):
         self.ranker = CriticRankedPolicy(actor, critic, n_samples=n, noise=noise, margin=margin)
         self.decisions = self.disagree = 0
         self.safe_picks, self.safe_share = 0, 0.0  # at disagreeing decisions: picks that avoid, share that avoid
+        self.records: list | None = None  # set to [] to keep (window (To, D), raw executed (N, Ta, Da), collided (N,))
 
     def _sample(self, hist: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Raw windows (N, To, D) -> raw chunks (N, Tp, Da) and the critic's pick index (0 without a critic)."""
@@ -103,6 +104,8 @@ class LookaheadChooser(PlanningWrapper):
             if not alive.any():
                 break
         self.decisions += 1
+        if self.records is not None:
+            self.records.append((obs["state"][0].clone(), first[:, to - 1 : to - 1 + ta].clone(), collided.copy()))
         safe = np.flatnonzero(~collided)
         j = int(safe[0]) if self.mode == "oracle" and len(safe) else int(pick)
         if collided.any() and not collided.all():
