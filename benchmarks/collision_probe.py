@@ -49,6 +49,8 @@ class Args:
     """scoring episodes (selection seeds 200000..)"""
     steps: int = 3000
     """classifier updates (Adam, batch 256)"""
+    gate: bool = False
+    """keep the actor's own sample unless the classifier says it collides (p > 0.5); else its safest candidate"""
     name: str = "collision_probe"
     """results file stem"""
 
@@ -69,17 +71,21 @@ def rollouts(chooser: LookaheadChooser, env, seeds: range) -> tuple[int, int]:
 
 
 class SafetyScore(torch.nn.Module):
-    """Wraps the classifier as a critic for the chooser: (1, B) scores = minus the collision logit."""
+    """Wraps the classifier as a critic for the chooser: (1, B) scores = minus the collision logit of the B = N
+    candidates of one decision; with ``gate``, the first (the actor's own sample) wins whenever its p <= 0.5."""
 
-    def __init__(self, net: ChunkCritic):
+    def __init__(self, net: ChunkCritic, gate: bool = False):
         super().__init__()
-        self.net = net
+        self.net, self.gate = net, gate
 
     def executed(self, chunk: torch.Tensor) -> torch.Tensor:
         return self.net.executed(chunk)
 
     def forward(self, obs: dict, actions: torch.Tensor) -> torch.Tensor:
-        return -self.net(obs, actions)
+        score = -self.net(obs, actions)  # (1, N)
+        if self.gate and score[0, 0] >= 0:
+            score[0, 0] = float("inf")
+        return score
 
 
 def main() -> None:
@@ -114,7 +120,8 @@ def main() -> None:
         p = torch.sigmoid(net({"state": obs[held]}, norm[held])[0])
     held_acc = float(((p > 0.5).float() == labels[held]).float().mean())
     torch.manual_seed(0)
-    chooser = LookaheadChooser(actor, env.unwrapped, args.n, args.noise, args.horizon, "critic", SafetyScore(net))
+    scorer = SafetyScore(net, args.gate)
+    chooser = LookaheadChooser(actor, env.unwrapped, args.n, args.noise, args.horizon, "critic", scorer)
     wins, collisions = rollouts(chooser, env, range(200_000, 200_000 + args.episodes))
     lo, hi = wilson_interval(wins, args.episodes)
     d = max(chooser.disagree, 1)
