@@ -115,6 +115,21 @@ class LookaheadChooser(PlanningWrapper):
         return first[j : j + 1]
 
 
+def rollouts(chooser: LookaheadChooser, env, seeds: range) -> tuple[int, int]:
+    """Run ``chooser`` on the episodes of ``seeds`` -> (successes, collisions)."""
+    wins = collisions = 0
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        chooser.reset()
+        while True:
+            obs, _, terminated, truncated, info = env.step(chooser.act(obs))
+            if terminated or truncated:
+                break
+        wins += bool(info["is_success"])
+        collisions += bool(info["collision"])
+    return wins, collisions
+
+
 def main() -> None:
     args = parse_args(Args, __doc__)
     if args.n < 2 or args.horizon < 1 or min(args.noise) < 0:
@@ -135,16 +150,7 @@ def main() -> None:
             torch.manual_seed(0)
             chooser = LookaheadChooser(actor, env.unwrapped, args.n, noise, args.horizon, mode,
                                        critic.cpu() if critic is not None else None, margin)  # fmt: skip
-            wins = collisions = 0
-            for ep in range(args.episodes):
-                obs, _ = env.reset(seed=args.seed + ep)
-                chooser.reset()
-                while True:
-                    obs, _, terminated, truncated, info = env.step(chooser.act(obs))
-                    if terminated or truncated:
-                        break
-                wins += bool(info["is_success"])
-                collisions += bool(info["collision"])
+            wins, collisions = rollouts(chooser, env, range(args.seed, args.seed + args.episodes))
             lo, hi = wilson_interval(wins, args.episodes)
             n_dec = max(chooser.decisions, 1)
             row = {"noise": noise, "mode": mode, "episodes": args.episodes, "success_rate": wins / args.episodes,

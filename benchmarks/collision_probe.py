@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from _common import machine, parse_args, write_results
 from _rl import load_run
-from choice_oracle import LookaheadChooser
+from choice_oracle import LookaheadChooser, rollouts
 from dmrl.algos.critic import ChunkCritic
 from dmrl.envs import make_env
 from dmrl.train.metrics import wilson_interval
@@ -53,21 +53,6 @@ class Args:
     """keep the actor's own sample unless the classifier says it collides (p > 0.5); else its safest candidate"""
     name: str = "collision_probe"
     """results file stem"""
-
-
-def rollouts(chooser: LookaheadChooser, env, seeds: range) -> tuple[int, int]:
-    """Run ``chooser`` on the episodes of ``seeds`` -> (successes, collisions)."""
-    wins = collisions = 0
-    for seed in seeds:
-        obs, _ = env.reset(seed=seed)
-        chooser.reset()
-        while True:
-            obs, _, terminated, truncated, info = env.step(chooser.act(obs))
-            if terminated or truncated:
-                break
-        wins += bool(info["is_success"])
-        collisions += bool(info["collision"])
-    return wins, collisions
 
 
 class SafetyScore(torch.nn.Module):

@@ -23,7 +23,7 @@ import torch
 
 from _common import machine, parse_args, write_results
 from _rl import load_run
-from choice_oracle import LookaheadChooser
+from choice_oracle import LookaheadChooser, rollouts
 from dmrl.algos.best_of_n import repeat_obs
 from dmrl.algos.critic import chunk_td_target, polyak_update, td_regression
 from dmrl.envs import make_env
@@ -76,15 +76,7 @@ def score(algo, env, args: Args) -> dict:
     chooser = LookaheadChooser(algo.policy, env.unwrapped, args.n, args.noise, args.horizon, "critic",
                                algo.critic_target, args.margin)  # fmt: skip
     torch.manual_seed(0)
-    wins = 0
-    for ep in range(args.episodes):
-        obs, _ = env.reset(seed=args.seed + ep)
-        chooser.reset()
-        while True:
-            obs, _, terminated, truncated, info = env.step(chooser.act(obs))
-            if terminated or truncated:
-                break
-        wins += bool(info["is_success"])
+    wins, _ = rollouts(chooser, env, range(args.seed, args.seed + args.episodes))
     lo, hi = wilson_interval(wins, args.episodes)
     d = max(chooser.disagree, 1)
     return {"success_rate": wins / args.episodes, "ci_low": lo, "ci_high": hi,
