@@ -16,7 +16,7 @@ from online_tiny import DIFFUSION, ONLINE, TINY, alive, children, collect_tiny
 from dmrl.config_utils import merge
 from dmrl.data import ChunkTransitionDataset, EpisodeStore
 from dmrl.envs import make_env
-from dmrl.policies.checkpoint import load_policy
+from dmrl.policies.checkpoint import load_policy, save_policy
 from dmrl.train.config import TrainConfig
 from dmrl.train.offline import build_from_store
 from dmrl.train.online_workers import nest, rollout_chunks
@@ -298,9 +298,14 @@ def test_dsrl_online_collects_with_the_steered_policy_and_keeps_the_policy_froze
         acting.append((type(algo.evaluation_policy()).__name__, type(collector).__name__, collector.explore_std))
 
     dsrl = {"type": "dsrl", "actor_hidden": 16, "critic": {"hidden": 32, "depth": 2}}
+    with pytest.raises(ValueError, match="dsrl steers a trained diffusion policy, frozen: pass --init"):
+        train(_cfg(dataset, tmp_path / "no_init", algo=dsrl, steps=4, source=ONLINE), progress=False)
+    assert not (tmp_path / "no_init").exists()
+    cfg = _cfg(dataset, tmp_path / "run", algo=dsrl, steps=4, source=ONLINE)
+    save_policy(tmp_path / "init", build_from_store(cfg, EpisodeStore.open(dataset))[0])  # the policy it steers
     OnlineSource.start = spy
     try:
-        summary = train(_cfg(dataset, tmp_path / "run", algo=dsrl, steps=4, source=ONLINE), progress=False)
+        summary = train(merge(cfg, {"init": str(tmp_path / "init")}), progress=False)
     finally:
         OnlineSource.start = start
     assert acting == [("SteeredPolicy", "SteeredPolicy", 1.0)]  # evaluation deterministic, collectors explore

@@ -98,6 +98,9 @@ def train(cfg: TrainConfig, progress: bool = True, hook: Callable[[dict], None] 
     check_output_path(cfg.out)  # before any work: an unusable --out is a one-line error, nothing created
     if cfg.init is not None and not (Path(cfg.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {cfg.init}: not a policy checkpoint directory (a run's checkpoint/)")
+    if cfg.algo_type == "dsrl" and cfg.init is None and not cfg.resume:
+        # Steering the noise of an untrained policy steers noise into noise: nothing to learn from.
+        raise ValueError("--algo.type dsrl steers a trained diffusion policy, frozen: pass --init <its checkpoint/>")
     store = EpisodeStore.open(cfg.dataset)
     engine = Engine(cfg.engine, cfg.seed)
     try:
