@@ -1,12 +1,12 @@
 """scripts/results_table.py: the README's and docs/results.md's tables match benchmarks/results/*.json."""
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+
+from script_module import script_module
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -14,12 +14,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 @pytest.fixture(scope="module")
 def results_table():
-    spec = importlib.util.spec_from_file_location("results_table", ROOT / "scripts" / "results_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from script_module("scripts/results_table.py", "results_table")
 
 
 def copy_results(tmp_path: Path) -> Path:

@@ -3,15 +3,14 @@ DistillConfig's defaults), and benchmarks/distill.py reuses, resumes or starts e
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from dmrl.cli import main
+from script_module import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--batch-size", "8", "--chunk.horizon", "8", "--chunk.n-action-steps", "4", "--chunk.encoder.width", "32"]
@@ -32,15 +31,7 @@ def teacher(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def bench():
     """benchmarks/distill.py as a module (its ``_common`` import needs benchmarks/ on the path while it loads)."""
-    path = list(sys.path)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("distill_bench", ROOT / "benchmarks" / "distill.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-    sys.path[:] = path
+    yield from script_module("benchmarks/distill.py", "distill_bench", on_path="benchmarks")
 
 
 def test_a_stopped_distillation_resumes_and_writes_its_student(tmp_path, teacher):

@@ -1,12 +1,13 @@
 """benchmarks/metaworld.py's bookkeeping: the run order, the per-run score and the aggregate over seeds, on hand-made
 run JSONs (no env, no training)."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
+
+from script_module import script_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,14 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def mw():
     # Not imported as `metaworld`: that is the Meta-World package's name.
-    path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("mw_protocol", ROOT / "benchmarks" / "metaworld.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-    sys.path[:] = path
+    yield from script_module("benchmarks/metaworld.py", "mw_protocol")
 
 
 def write_run(mw, runs: Path, task: str, policy: str, seed: int, curve: list[float], proto: dict) -> None:

@@ -1,7 +1,6 @@
 """benchmarks/ogbench.py: its bookkeeping on hand-made run JSONs, the segment stopper, and one tiny run end to end
 (OGBench play data -> QC in two segments, stopped and resumed -> run JSON -> table)."""
 
-import importlib.util
 import json
 import signal
 import sys
@@ -10,20 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from script_module import script_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def og():
     # Not imported as `ogbench`: that is OGBench's package name.
-    path = list(sys.path)
-    spec = importlib.util.spec_from_file_location("og_protocol", ROOT / "benchmarks" / "ogbench.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve the module's annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
-    sys.path[:] = path
+    yield from script_module("benchmarks/ogbench.py", "og_protocol")
 
 
 def test_the_script_does_not_shadow_the_ogbench_package(og):
