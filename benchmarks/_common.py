@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
@@ -86,3 +87,17 @@ def write_results(name: str, rows: list[dict], meta: dict, columns: list[str]) -
 
 def _fmt(v) -> str:
     return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def median_ms(fn: Callable[[], object], reps: int, warmup: int) -> float:
+    """Median wall time in ms of ``reps`` calls of ``fn``, after ``warmup`` untimed calls."""
+    import numpy as np
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return float(np.median(times))

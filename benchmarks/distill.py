@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import machine, parse_args, write_results
+from _common import machine, median_ms, parse_args, write_results
 from dmrl.cli import main as dmrl
 from dmrl.policies.checkpoint import load_policy
 from dmrl.train.distill import visited_windows
@@ -165,13 +165,7 @@ def pooled(rows: list[dict], reference: str) -> list[dict]:
 def decision_ms(planner, policy, reps: int = 200) -> float:
     """Median ms of one plan (a chunk from To frames) at batch 1 on one thread."""
     obs = {"state": torch.zeros(1, policy.chunk.n_obs_steps, int(policy.obs_dims["state"]))}
-    times = []
-    for i in range(reps + 20):
-        t = time.perf_counter()
-        planner(obs)
-        if i >= 20:
-            times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return median_ms(lambda: planner(obs), reps, warmup=20)
 
 
 def latencies(policy) -> dict[str, float]:

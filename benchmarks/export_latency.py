@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import machine, parse_args, write_results
+from _common import machine, median_ms, parse_args, write_results
 from dmrl.config_utils import from_dict, load_yaml
 from dmrl.export import OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
@@ -99,14 +98,7 @@ CASES: dict[str, Callable[[], torch.nn.Module]] = {
 
 
 def _median_ms(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(min(10, reps)):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return median_ms(fn, reps, warmup=min(10, reps))
 
 
 def _weights(path: Path) -> list[np.ndarray]:

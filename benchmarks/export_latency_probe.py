@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import onnxruntime as ort
 import torch
 from onnx import helper, numpy_helper
 
-from _common import machine, parse_args, write_results
+from _common import machine, median_ms, parse_args, write_results
 from dmrl.export import OnnxPlanner, export_onnx, input_spec
 from dmrl.export.onnx import example_inputs
 
@@ -38,14 +37,7 @@ CASE = "student mlp 512x4 1-step"
 
 
 def _median_ms(fn: Callable[[], object], reps: int) -> float:
-    for _ in range(min(20, reps)):
-        fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(times))
+    return median_ms(fn, reps, warmup=min(20, reps))
 
 
 def _replace_mish(model: onnx.ModelProto, make: Callable[[str, list[str], str], list]) -> int:
