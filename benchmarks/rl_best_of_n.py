@@ -48,10 +48,10 @@ def main() -> None:
         algo, cfg, store = load_run(run)
         for n, noise in [(n, s) for n in args.n for s in args.noise]:
             algo.config.n_action_samples = n
-            if noise or hasattr(algo.config, "candidate_noise"):
-                if not hasattr(algo.config, "candidate_noise"):
-                    sys.exit(f"--noise: {run} is a {cfg.algo_type} run; candidate noise is qc's and idql's")
+            if hasattr(algo.config, "candidate_noise"):
                 algo.config.candidate_noise = noise if n > 1 else 0.0
+            elif noise:
+                sys.exit(f"--noise: {run} is a {cfg.algo_type} run; candidate noise is qc's and idql's")
             ev = evaluate(algo.evaluation_policy().cpu(), store.attrs["env_id"], seeds, env_kwargs_from_store(store),
                           n_envs=args.envs).summary()  # fmt: skip
             row = {"run": str(run), "algo": cfg.algo_type, "eta": getattr(cfg.algo, "eta", None), "n_samples": n,
