@@ -75,6 +75,10 @@ class SafetyScore(torch.nn.Module):
 
 def main() -> None:
     args = parse_args(Args, __doc__)
+    if min(args.n - 1, args.horizon, args.train_episodes, args.episodes, args.steps) < 1 or args.noise < 0:
+        sys.exit(f"--n {args.n}, --horizon {args.horizon}, --train-episodes {args.train_episodes}, --episodes "
+                 f"{args.episodes}, --steps {args.steps}, --noise {args.noise}: need n >= 2, noise >= 0, "
+                 "the rest >= 1")  # fmt: skip
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     algo, cfg, store = load_run(args.run)

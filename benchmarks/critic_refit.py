@@ -86,6 +86,12 @@ def score(algo, env, args: Args) -> dict:
 
 def main() -> None:
     args = parse_args(Args, __doc__)
+    counts = {"--updates": args.updates + 1, "--every": args.every, "--batch-size": args.batch_size,
+              "--backup-samples": args.backup_samples, "--n": args.n - 1, "--episodes": args.episodes}  # fmt: skip
+    bad = [flag for flag, v in counts.items() if v < 1]
+    bad += [flag for flag, v in (("--noise", args.noise), ("--margin", args.margin)) if v < 0]
+    if bad:
+        sys.exit(f"{', '.join(bad)}: need --updates >= 0, --n >= 2, --noise and --margin >= 0, the other counts >= 1")
     torch.set_num_threads(1)
     t0, rows = time.perf_counter(), []
     algo, cfg, store = load_run(args.run)
