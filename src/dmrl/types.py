@@ -74,6 +74,8 @@ class Episode:
       final_obs[k] (...)   the observation after the last action (for bootstrapping truncated episodes)
       actions     float32 (T, Da) in [-1, 1]
       rewards     float32 (T,)
+      terminals   bool (T,) or None: a per-step terminal for TD backups where the recording goes on past it
+                  (OGBench single-task play data: the task holds before the action); None: only ``terminated``
 
     ``info`` holds numbers (e.g. collision, first_step of a recovery); ``task_info`` the task's own per-episode
     values that its metadata declares (MultiPath: route, target; another task: its own keys, or none).
@@ -90,6 +92,7 @@ class Episode:
     seed: int
     info: dict[str, float]
     task_info: dict[str, Any]
+    terminals: np.ndarray | None
 
     def __init__(
         self,
@@ -104,6 +107,7 @@ class Episode:
         seed: int,
         info: dict[str, float] | None = None,
         task_info: dict[str, Any] | None = None,
+        terminals: np.ndarray | None = None,
         **legacy: Any,
     ) -> None:
         # route= / target= are MultiPath's task_info, accepted as keywords for code written before task_info.
@@ -115,11 +119,15 @@ class Episode:
         self.success, self.seed = success, seed
         self.info = {} if info is None else info
         self.task_info = {**legacy, **(task_info or {})}
+        self.terminals = None if terminals is None else np.asarray(terminals)
         t = len(self.actions)
         if self.actions.ndim != 2 or t == 0:
             raise ValueError(f"Episode.actions must be (T, Da) with T >= 1, got shape {self.actions.shape}")
         if self.rewards.shape != (t,):
             raise ValueError(f"Episode.rewards must be ({t},), got {self.rewards.shape}")
+        term = self.terminals
+        if term is not None and (term.shape != (t,) or term.dtype != np.bool_):
+            raise ValueError(f"Episode.terminals must be bool ({t},), got {term.dtype}{list(term.shape)}")
         for k, v in self.obs.items():
             if len(v) != t:
                 raise ValueError(f"Episode.obs[{k!r}] has {len(v)} steps, actions have {t}")
