@@ -4,6 +4,10 @@ Any registered env with an expert can be collected (envs/registry.py): the exper
 which per-episode values to keep. Workers roll out episodes and send them back; only the main process writes,
 one whole episode at a time, so the store's commit-marker design keeps every completed episode readable after
 a crash or Ctrl-C.
+
+An env whose step info carries ``terminal`` (bool) at every step reports a per-step terminal for TD backups in a
+recording that goes on past it (OGBench single-task play data: the task holds before the action); the store then
+keeps it (``Episode.terminals``, data/terminals), or'd with ``terminated`` at the last step.
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def record_episode(env: gym.Env, expert: Expert, seed: int, spec: EnvSpec | None
     keys = [k for k in ARRAY_MODES if k in obs]
     instruction = str(getattr(env.unwrapped, "instruction", obs.get("instruction", "")))
     steps: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    actions, rewards = [], []
+    actions, rewards, terminals = [], [], []
     while True:
         for k in keys:
             steps[k].append(obs[k])
@@ -136,6 +140,8 @@ def record_episode(env: gym.Env, expert: Expert, seed: int, spec: EnvSpec | None
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
         rewards.append(reward)
+        if TERMINAL_KEY in info:
+            terminals.append(bool(info[TERMINAL_KEY]))
         if terminated or truncated:
             break
     first = int(getattr(expert, "first_step", 0) or 0)
@@ -143,6 +149,11 @@ def record_episode(env: gym.Env, expert: Expert, seed: int, spec: EnvSpec | None
     if missing:
         raise ValueError(f"{spec.name}: the last step's info lacks {missing}, which the task's metadata declares")
     extra = {"first_step": float(first)} if first else {}
+    if terminals and len(terminals) != len(actions):
+        raise ValueError(f"{spec.name}: info[{TERMINAL_KEY!r}] at {len(terminals)} of {len(actions)} steps; need all")
+    term = np.asarray(terminals[first:], dtype=bool) if terminals else None
+    if term is not None:
+        term[-1] |= bool(terminated)
     return Episode(
         obs={k: np.stack(v[first:]) for k, v in steps.items()},
         final_obs={k: obs[k] for k in keys},
@@ -155,7 +166,19 @@ def record_episode(env: gym.Env, expert: Expert, seed: int, spec: EnvSpec | None
         seed=int(seed),
         info={**{k: float(info[k]) for k in spec.episode_metrics}, **extra},
         task_info={k: info[k] for k in spec.episode_info},
+        terminals=term,
     )
+
+
+#: The step info key of a per-step terminal (see the module docstring).
+TERMINAL_KEY = "terminal"
+
+
+def reports_terminals(env: gym.Env, expert: Expert, seed: int) -> bool:
+    """Whether ``env`` reports per-step terminals: ``terminal`` in the info of one expert step from a reset."""
+    obs, _ = env.reset(seed=seed)
+    expert.reset(seed)
+    return TERMINAL_KEY in env.step(expert.act(obs))[4]
 
 
 # ---------------------------------------------------------------------- worker side
@@ -199,7 +222,8 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
     probe = resolve(spec.factory)(**spec.kwargs, **cfg.env_kwargs())
     obs, _ = probe.reset(seed=cfg.seed)
     assert spec.expert is not None
-    resolve(spec.expert)(probe, **cfg.expert_kwargs())  # a bad expert option fails here, before the store exists
+    expert = resolve(spec.expert)(probe, **cfg.expert_kwargs())  # a bad expert option fails here, before the store
+    terminals = reports_terminals(probe, expert, cfg.seed)
     action_dim = int(np.prod(probe.action_space.shape))
     meaning = spec.action_meaning or getattr(probe.unwrapped, "action_meaning", None)
     meaning = tuple(meaning) if meaning is not None else tuple(f"a{i}" for i in range(action_dim))
@@ -211,6 +235,12 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
             raise ValueError(
                 f"--append: store {cfg.out} holds env {store.attrs.get('env_id')} with modalities "
                 f"{','.join(store.obs_modes)}; this run asks for {cfg.env} with {','.join(cfg.obs_modes)}"
+            )
+        if store.has_terminals != terminals:
+            have, env_has = ("keeps", "no longer reports") if store.has_terminals else ("keeps no", "reports")
+            raise ValueError(
+                f"--append: store {cfg.out} {have} per-step terminals, but {cfg.env} {env_has} them; "
+                "collect into a new --out"
             )
         first_seed = cfg.seed + store.n_episodes
     else:
@@ -224,6 +254,7 @@ def collect(cfg: CollectConfig, progress: bool = True) -> EpisodeStore:
             overwrite=cfg.overwrite,
             extra_attrs={"collect": cfg.recorded()},
             episode_info=spec.episode_info,
+            terminals=terminals,
         )
         first_seed = cfg.seed
     seeds = list(range(first_seed, first_seed + cfg.episodes))

@@ -7,6 +7,8 @@ On-disk layout (zarr v3, local directory; N = committed steps, E = committed epi
     data/obs/<mode>             (N, ...)  per-step observation, one array per mode in ARRAY_MODES
     data/actions                (N, Da) float32
     data/rewards                (N,) float32
+    data/terminals              (N,) bool, only where attr terminals=true (create(terminals=True)): a per-step
+                                terminal for TD backups in a recording that goes on past it (Episode.terminals)
     final/<mode>                (E, ...)  observation after each episode's last action
     meta/success|terminated|truncated (E,) bool · meta/return (E,) float32 · meta/seed (E,) int64
     meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (instruction, info as JSON)
@@ -69,6 +71,8 @@ META_COLUMNS: dict[str, str] = {
 #: part in the same resize/truncate commit logic as every other column.
 TEXT_COLUMNS: tuple[str, ...] = ("instruction", "info")
 _RESERVED_ATTRS = ("dmrl_format_version", "env_id", "obs_modes", "action_meaning", "action_dim", "obs_spec")
+#: Attributes of optional parts; a store without them (written before they existed) has none of those parts.
+_OPTIONAL_ATTRS = ("episode_info", "terminals")
 #: The task columns of a store written before task metadata existed (all of them MultiPath's); also the default
 #: of `create`, so that callers written before then keep writing the same layout.
 LEGACY_EPISODE_INFO: dict[str, InfoField] = {"route": InfoField(categories=ROUTES), "target": InfoField()}
@@ -107,11 +111,13 @@ class EpisodeStore:
         extra_attrs: dict[str, Any] | None = None,
         overwrite: bool = False,
         episode_info: dict[str, InfoField] | None = None,
+        terminals: bool = False,
     ) -> EpisodeStore:
         """Create an empty store at `path`, open for append; refuses an existing path unless `overwrite`.
 
         ``episode_info``: the task's own per-episode values (its registry metadata); None: MultiPath's route and
-        target (LEGACY_EPISODE_INFO), {} for a task without any.
+        target (LEGACY_EPISODE_INFO), {} for a task without any. ``terminals``: keep a per-step terminal
+        (data/terminals); every appended episode must then carry ``Episode.terminals``.
         """
         path = Path(path)
         info_spec = dict(LEGACY_EPISODE_INFO if episode_info is None else episode_info)
@@ -124,7 +130,7 @@ class EpisodeStore:
             raise ValueError(f"obs_spec keys {sorted(obs_spec)} must equal the array obs_modes {array_modes}")
         if len(action_meaning) != action_dim:
             raise ValueError(f"action_meaning has {len(action_meaning)} names but action_dim is {action_dim}")
-        clash = sorted(set(extra_attrs or {}) & {*_RESERVED_ATTRS, "episode_info"})
+        clash = sorted(set(extra_attrs or {}) & {*_RESERVED_ATTRS, *_OPTIONAL_ATTRS})
         if clash:
             raise ValueError(f"extra_attrs may not redefine reserved store attributes {clash}")
         if path.exists():
@@ -152,6 +158,7 @@ class EpisodeStore:
                 m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name} for m in array_modes
             },
             "episode_info": {k: f.to_json() for k, f in info_spec.items()},
+            **({"terminals": True} if terminals else {}),
             **(extra_attrs or {}),
         }
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
@@ -167,6 +174,8 @@ class EpisodeStore:
                 new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
             new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
             new("data/rewards", (0,), step_chunks((), "float32"), "float32")
+            if terminals:
+                new("data/terminals", (0,), step_chunks((), "bool"), "bool", fill=False)
             categorical = [k for k, f in info_spec.items() if f.categories is not None]
             for name, dtype in {**META_COLUMNS, **dict.fromkeys(categorical, "int8")}.items():
                 new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
@@ -237,11 +246,15 @@ class EpisodeStore:
         self._obs = {m: req(f"data/obs/{m}") for m in self.array_modes}
         self._final = {m: req(f"final/{m}") for m in self.array_modes}
         self._actions, self._rewards = req("data/actions"), req("data/rewards")
+        self._terminals = req("data/terminals") if self.has_terminals else None
+        if self._terminals is not None and (self._terminals.ndim != 1 or self._terminals.dtype != np.bool_):
+            got = f"{self._terminals.dtype}{list(self._terminals.shape)}"
+            raise StoreError(f"dmrl store {self.path}: 'data/terminals' must be bool (N,), got {got}; {CORRUPT_HINT}")
         self._meta_arrays = {name: req(f"meta/{name}") for name in self._meta_dtypes}
         self._text_arrays = {n: (req(f"meta/{n}/utf8"), req(f"meta/{n}/ends")) for n in self._text_names}
         self._ends_array = req("meta/episode_ends")
 
-        step_arrays = [*self._obs.values(), self._actions, self._rewards]
+        step_arrays = [*self._obs.values(), self._actions, self._rewards, *self._optional_steps()]
         episode_arrays = [*self._final.values(), *self._meta_arrays.values()]
         episode_arrays += [ends for _, ends in self._text_arrays.values()]
         ends = np.asarray(self._ends_array[:], dtype=np.int64)[: min(a.shape[0] for a in episode_arrays)]
@@ -274,7 +287,7 @@ class EpisodeStore:
             # Resizing down keeps stale values inside a partly-kept chunk; rewrite the tail with the -1 fill
             # first so a later grow-then-crash can never resurrect an old end as a committed episode.
             self._ends_array[n:] = -1
-        for arr in [*self._obs.values(), self._actions, self._rewards]:
+        for arr in [*self._obs.values(), self._actions, self._rewards, *self._optional_steps()]:
             _resize_rows(arr, steps)
         for arr in [*self._final.values(), *self._meta_arrays.values(), self._ends_array]:
             _resize_rows(arr, n)
@@ -296,6 +309,8 @@ class EpisodeStore:
             writes.append((self._final[m], e, ep.final_obs[m][None]))
         writes.append((self._actions, s0, np.asarray(ep.actions, dtype=np.float32)))
         writes.append((self._rewards, s0, np.asarray(ep.rewards, dtype=np.float32)))
+        if self._terminals is not None:
+            writes.append((self._terminals, s0, np.asarray(ep.terminals, dtype=bool)))
         values = {
             **{k: f.categories.index(ep.task_info[k]) for k, f in self.episode_info.items() if f.categories},
             "success": bool(ep.success),
@@ -364,6 +379,15 @@ class EpisodeStore:
             )
         for k, f in self.episode_info.items():
             f.check(k, ep.task_info[k])
+        if self.has_terminals != (ep.terminals is not None):
+            has = "keeps" if self.has_terminals else "keeps no"
+            raise ValueError(
+                f"Episode.terminals: got {'none' if ep.terminals is None else 'some'}; store {self.path} {has} "
+                "per-step terminals (data/terminals); write to a store made with the same env (or re-collect)"
+            )
+        term = None if ep.terminals is None else np.asarray(ep.terminals)  # Episode checks it; a later edit may not
+        if term is not None and (term.shape != (ep.length,) or term.dtype != np.bool_):
+            raise ValueError(f"Episode.terminals: got {term.dtype}{list(term.shape)}, store expects bool[{ep.length}]")
 
     # ------------------------------------------------------------------ reading
     @property
@@ -382,6 +406,14 @@ class EpisodeStore:
     @property
     def action_dim(self) -> int:
         return int(self._attrs["action_dim"])
+
+    @property
+    def has_terminals(self) -> bool:
+        """Whether the store keeps a per-step terminal (data/terminals; stores before it never do)."""
+        return bool(self._attrs.get("terminals", False))
+
+    def _optional_steps(self) -> list[zarr.Array]:
+        return [] if self._terminals is None else [self._terminals]
 
     @property
     def n_episodes(self) -> int:
@@ -485,6 +517,7 @@ class EpisodeStore:
             seed=int(self._meta["seed"][i]),
             info=json.loads(self._text["info"][i]),
             task_info={k: self._task_value(k, i) for k in self.episode_info},
+            terminals=None if self._terminals is None else np.asarray(self._terminals[sl], dtype=bool),
         )
 
     def final_array(self, name: str) -> zarr.Array:
@@ -498,11 +531,19 @@ class EpisodeStore:
         return self._final[name]
 
     def array(self, name: str) -> zarr.Array:
-        """The zarr array of a modality, "actions" or "rewards" (rows beyond `n_steps` are uncommitted)."""
+        """The zarr array of a modality, "actions", "rewards" or "terminals" (rows beyond `n_steps` are
+        uncommitted)."""
         if name == "actions":
             return self._actions
         if name == "rewards":
             return self._rewards
+        if name == "terminals":
+            if self._terminals is None:
+                raise StoreError(
+                    f"dmrl store {self.path}: no per-step terminals (written before they existed, or by an env that "
+                    "reports none); re-collect it to have them"
+                )
+            return self._terminals
         if name not in self._obs:
             raise StoreError(
                 f"dmrl store {self.path}: no modality {name!r} "

@@ -82,7 +82,7 @@ def test_task_env_success_ends_the_episode():
     env.task_env._data.joint("object_joint_0").qpos[:3] = goal  # put the cube on the task's goal
     env.task_env.post_step()  # OGBench recomputes success there
     _, reward, terminated, truncated, info = env.step(np.zeros(5, dtype=np.float32))
-    assert terminated and not truncated and info["is_success"] and reward == 0.0
+    assert terminated and not truncated and info["is_success"] and reward == 0.0 and info["terminal"]
     env.close()
 
 
@@ -123,6 +123,7 @@ def test_npz_round_trip_matches_ogbench_relabelling(play, tmp_path):
     np.testing.assert_array_equal(np.concatenate([ep.rewards for ep in episodes]), ref["rewards"])
     np.testing.assert_array_equal(np.concatenate([ep.obs["state"] for ep in episodes]), ref["observations"])
     np.testing.assert_array_equal(np.concatenate([ep.actions for ep in episodes]), ref["actions"])
+    np.testing.assert_array_equal(np.concatenate([ep.terminals for ep in episodes]), ref["masks"] == 0)
 
     # The episodes in a store, as `dmrl collect` writes it, and a 2-step train on it.
     from dmrl.cli import main
@@ -137,6 +138,7 @@ def test_npz_round_trip_matches_ogbench_relabelling(play, tmp_path):
         obs_spec=spec,
         action_dim=5,
         episode_info={},
+        terminals=True,
     )
     for ep in episodes:
         store.append(ep)

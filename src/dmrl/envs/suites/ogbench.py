@@ -10,7 +10,8 @@ Collecting with the registered expert (:class:`PlayOracle`) follows OGBench's pu
 data-collection mode, episodes run 1001 steps, the non-Markovian plan oracles act with noise 0.1 (smoothing 0.5)
 and a new random target is set whenever one is reached. The stored reward of each step is the *single-task* one,
 computed from the state before the action exactly as OGBench relabels its datasets (``relabel_utils``), so a
-store holds what ``make_env_and_datasets("<env>-play-singletask-task<k>-v0")`` would load.
+store holds what ``make_env_and_datasets("<env>-play-singletask-task<k>-v0")`` would load, its ``masks`` included:
+each step's info ``terminal`` (the task holds before the action, mask 0) becomes the store's per-step terminal.
 """
 
 from __future__ import annotations
@@ -179,7 +180,9 @@ class OGBenchEnv(gym.Env):
             now = bool(info["success"])
         self.success = self.success or now
         truncated = (not terminated) and self.t >= self.max_steps
-        out = {"is_success": self.success, "success_now": now}
+        # terminal: the task holds before the action, OGBench's mask 0 (relabel_utils): the single-task env ends
+        # the episode here, the play recording goes on; dmrl collect keeps it as the store's per-step terminal.
+        out = {"is_success": self.success, "success_now": now, "terminal": now}
         if self.play_env is not None:  # the oracle's current (random) target reached, before the action
             out["target_reached"] = bool(info["success"])
             if self.suite_name == "scene":

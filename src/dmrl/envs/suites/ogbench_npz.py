@@ -5,7 +5,9 @@ The layout ``generate_manipspace.py`` writes: flat per-step arrays over all traj
 state of each row's observation and, for scene, ``button_states`` (N, 2). A trajectory of L rows holds L-1
 transitions: its last row is the observation after the last action, its action was never executed into the file
 (OGBench's ``load_dataset`` drops it the same way). Rewards are OGBench's single-task relabelling of each row's
-state (``successes - n``, :meth:`OGBenchEnv.task_successes`).
+state (``successes - n``, :meth:`OGBenchEnv.task_successes`), and so are the per-step terminals: ``Episode.terminals``
+is 1 - OGBench's ``masks`` (the task holds at the row). The file's own ``terminals`` only end trajectories; they are
+episode boundaries here, never TD terminals.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ REQUIRED = ("observations", "actions", "terminals", "qpos")
 def load_npz(path: str | Path, env: str, task: int, obs_modes: tuple[str, ...] = ("state",)) -> Iterator[Episode]:
     """Yield one :class:`Episode` per trajectory of an OGBench ``.npz`` (see the module docstring).
 
-    ``env`` / ``task``: the single-task env whose rewards are relabelled (e.g. "cube-single", 2). Episodes are
-    ``truncated`` (play data never terminates), ``success`` if the task held at any row, seed = trajectory index.
+    ``env`` / ``task``: the single-task env whose rewards and terminals are relabelled (e.g. "cube-single", 2).
+    Episodes are ``truncated`` (play data never terminates), ``success`` if the task held at any row, seed =
+    trajectory index; write them to a store made with ``terminals=True``.
     """
     path = Path(path)
     if not path.is_file():
@@ -51,6 +54,7 @@ def load_npz(path: str | Path, env: str, task: int, obs_modes: tuple[str, ...] =
     finally:
         judge.close()
     rewards = (ok.sum(-1) - ok.shape[-1]).astype(np.float32)
+    held = ok.all(-1)  # (N,) relabel_dataset's masks == 0
     start = 0
     for i, end in enumerate(ends):
         if end - start < 2:
@@ -65,7 +69,8 @@ def load_npz(path: str | Path, env: str, task: int, obs_modes: tuple[str, ...] =
             terminated=False,
             truncated=True,
             instruction="",
-            success=bool(ok[start : end - 1].all(-1).any()),
+            success=bool(held[start : end - 1].any()),
             seed=i,
+            terminals=held[start : end - 1].copy(),
         )
         start = end
