@@ -6,8 +6,12 @@ reset seeds 0.., 1001-step episodes; the published files hold 1000 episodes = 1M
 sets how many here and is part of the run's name), state observations, chunks of 5 actions (To 1, Tp = Ta = 5: the
 chunk length of Q-chunking, Li, Zhou & Levine 2025), batch 256, the actor of configs/rl_offline.yaml (diffusion,
 256x2 MLP denoiser, x0 prediction, 10 DDIM steps) and dmrl's defaults for everything else, FQL with alpha 300 (the
-FQL repository's value for these three envs). Evaluation: OGBench's single-task env (success = the env's
-``success``), a curve point of ``--curve-episodes`` episodes (reset seeds 100000..) every ``--curve-every`` updates.
+FQL repository's value for these three envs). TD terminals as OGBench's single-task datasets mark them (``masks``
+0 where the task holds before the action): the store keeps them per step and a chunk ends at its first one (no
+reward or bootstrap after it), as the evaluation env ends its episode there. Evaluation: OGBench's single-task env
+(success = the env's ``success``), a curve point of ``--curve-episodes`` episodes (reset seeds 100000..) every
+``--curve-every`` updates. Runs and datasets from before the terminals (names without ``term``) stay as they are
+and are marked ``td_terminals`` false in the table.
 
 A run (env, task, method, seed, dataset size) trains towards ``--updates`` (default 1M, the published offline
 budget) in segments of about ``--minutes`` each: a segment stops at the first curve point after its budget (SIGINT
@@ -83,14 +87,22 @@ PUBLISHED_FINAL = {
 DATA_NOTE = (
     "datasets are regenerated here with OGBench 1.2.2's own play oracles (dmrl collect; the published protocol's "
     "episode length, noise and target sampling), not the published .npz files; data_episodes says how many 1001-step "
-    "episodes (published: 1000, i.e. 1M transitions). Published protocol: 1M offline updates, 8 seeds, 50 evaluation "
-    "episodes; ours: the updates, seeds and episodes of each row, on 2 shared CPU cores under nice 19"
+    "episodes (published: 1000, i.e. 1M transitions). TD terminal at every step where the task holds (OGBench's "
+    "masks; td_terminals false: a run from before dmrl kept them, which bootstrapped through success states). "
+    "Published protocol: 1M offline updates, 8 seeds, 50 evaluation episodes; ours: the updates, seeds and episodes of "
+    "each row, on 2 shared CPU cores under nice 19"
 )
 
 
-def run_name(env: str, task: int, method: str, seed: int, data_episodes: int) -> str:
-    """The run's file stem in benchmarks/results/ogbench_runs/ (and its directory in outputs/ogbench/runs/)."""
-    return f"{env}-task{task}__{method}__seed{seed}__data{data_episodes}ep"
+def run_name(env: str, task: int, method: str, seed: int, data_episodes: int, terminals: bool = True) -> str:
+    """The run's file stem in benchmarks/results/ogbench_runs/ (and its directory in outputs/ogbench/runs/);
+    ``terminals`` False: the name of a run from before TD terminals (its record lacks ``terminals``)."""
+    return f"{env}-task{task}__{method}__seed{seed}__data{data_episodes}ep" + ("__term" if terminals else "")
+
+
+def record_name(r: dict) -> str:
+    """run_name of a run record, old ones included."""
+    return run_name(r["env"], r["task"], r["method"], r["seed"], r["data_episodes"], r.get("terminals", False))
 
 
 def parse_run(spec: str) -> tuple[str, int, str, int]:
@@ -127,10 +139,12 @@ def _cpu_seconds() -> float:
 
 def dataset(env: str, task: int, episodes: int, runs_dir: Path = RUNS, out: Path = OUT) -> Path:
     """The task's play store with ``episodes`` episodes (generated once, timed into data__<name>.json)."""
+    import numpy as np
+
     from dmrl.cli import main as dmrl
     from dmrl.data.episodes import EpisodeStore
 
-    name = f"{env}-task{task}_{episodes}ep"
+    name = f"{env}-task{task}_{episodes}ep_term"  # _term: with per-step TD terminals (older stores lack them)
     path = out / "data" / f"{name}.zarr"
     if (path / ".done").exists():
         return path
@@ -142,6 +156,8 @@ def dataset(env: str, task: int, episodes: int, runs_dir: Path = RUNS, out: Path
         raise SystemExit(f"dmrl {' '.join(argv)} failed")
     wall, cpu = time.perf_counter() - t0, _cpu_seconds() - cpu0
     store = EpisodeStore.open(path)
+    if not store.has_terminals:
+        raise SystemExit(f"{path}: dmrl collect kept no per-step terminals; OGBench's env should report them")
     steps = int(store.n_steps)
     record = {
         "env": env,
@@ -153,6 +169,8 @@ def dataset(env: str, task: int, episodes: int, runs_dir: Path = RUNS, out: Path
         "steps_per_s": round(steps / wall, 1),
         "steps_per_cpu_s": round(steps / cpu, 1),
         "task_success_share": round(float(store.success.mean()), 3),
+        "terminals": True,
+        "terminal_step_share": round(float(np.asarray(store.array("terminals")[:steps]).mean()), 5),
         "load_start_end": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "nice": os.nice(0),
         "machine": machine(),
@@ -305,6 +323,7 @@ def run_segment(env: str, task: int, method: str, seed: int, a: Args, runs_dir: 
         "method": method,
         "seed": seed,
         "data_episodes": a.data_episodes,
+        "terminals": True,
         "updates_target": a.updates,
         "updates_done": done,
         "complete": done >= a.updates,
@@ -338,6 +357,7 @@ def aggregate_rows(records: list[dict]) -> list[dict]:
                     "published_fql": published(r["env"], r["task"], "fql", p["updates"]),
                     "data_episodes": r["data_episodes"],
                     "run_complete": f"{r['updates_done']}/{r['updates_target']}",
+                    "td_terminals": bool(r.get("terminals", False)),
                 }
             )
     return rows
@@ -362,15 +382,15 @@ def markdown(rows: list[dict], runs: list[dict], data: list[dict], meta: dict) -
     speed += "|---|---|---|---|---|---|\n"
     for r in runs:
         segs = r["segments"]
-        name = run_name(r["env"], r["task"], r["method"], r["seed"], r["data_episodes"])
+        name = record_name(r)
         speed += f"| {name} | {r['updates_done']} / {r['updates_target']} | {len(segs)} | "
         speed += (
             f"{sum(s['minutes'] for s in segs):.1f} | {_cell(segs[-1]['updates_per_s'])} | {segs[-1]['load_mean']} |\n"
         )
-    gen = "| data | steps | minutes | steps/s | steps per CPU-s | task success share |\n|---|---|---|---|---|---|\n"
-    gen += "".join(
+    gen = "| data | steps | minutes | steps/s | steps per CPU-s | task success share | terminal steps |\n"
+    gen += "|---|---|---|---|---|---|---|\n" + "".join(
         f"| {d['env']}-task{d['task']} {d['episodes']} ep | {d['steps']} | {d['minutes']} | {d['steps_per_s']} | "
-        f"{d['steps_per_cpu_s']} | {d['task_success_share']} |\n"
+        f"{d['steps_per_cpu_s']} | {d['task_success_share']} | {_cell(d.get('terminal_step_share'))} |\n"
         for d in data
     )
     bullets = "".join(f"- {k}: {v}\n" for k, v in meta.items())
@@ -395,10 +415,9 @@ def aggregate(runs_dir: Path = RUNS, results: Path = RESULTS) -> list[dict]:
         "published_final": PUBLISHED_FINAL,
         "rows": "one per curve point of every run; success over `episodes` evaluation episodes (reset seeds 100000..), "
         "95% Wilson interval; published_* is the published success at the same number of updates, – where none is "
-        "known; run_complete: updates done / target (a run short of its target is partial)",
-        "runs": {
-            run_name(r["env"], r["task"], r["method"], r["seed"], r["data_episodes"]): r["segments"] for r in runs
-        },
+        "known; run_complete: updates done / target (a run short of its target is partial); td_terminals: the run's "
+        "data had OGBench's per-step terminals (false: a run from before them)",
+        "runs": {record_name(r): r["segments"] for r in runs},
         "data_generation": data,
     }
     results.mkdir(parents=True, exist_ok=True)
@@ -460,12 +479,13 @@ def main(argv: list[str] | None = None) -> None:
         runs, data = read_records(RUNS)
         for r in runs:
             last = r["curve"][-1] if r["curve"] else None
-            name = run_name(r["env"], r["task"], r["method"], r["seed"], r["data_episodes"])
+            name = record_name(r)
             print(
                 f"{name}: {r['updates_done']}/{r['updates_target']} updates, {len(r['segments'])} segments, last {last}"
             )
         for d in data:
-            print(f"data {d['env']}-task{d['task']} {d['episodes']} ep: {d['steps_per_s']} steps/s")
+            kind = "with terminals" if d.get("terminals") else "no terminals"
+            print(f"data {d['env']}-task{d['task']} {d['episodes']} ep ({kind}): {d['steps_per_s']} steps/s")
         return
     for env, task, method, seed in specs:
         run_segment(env, task, method, seed, a)

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from script_module import script_module
@@ -49,15 +50,19 @@ def test_aggregate_rows_and_curve_merge(og, tmp_path):
     record = {"env": "scene", "task": 2, "method": "qc", "seed": 0, "data_episodes": 100, "curve": curve}
     record |= {"updates_done": 100_000, "updates_target": 1_000_000, "segments": [seg]}
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "r.json").write_text(json.dumps(record))
+    (tmp_path / "runs" / "r.json").write_text(json.dumps(record))  # a run from before per-step terminals
+    (tmp_path / "runs" / "t.json").write_text(json.dumps(record | {"seed": 1, "terminals": True}))
     rows = og.aggregate(tmp_path / "runs", tmp_path / "results")
-    assert [(r["updates"], r["published_qc"], r["published_fql"]) for r in rows] == [
-        (5000, None, None),
-        (100_000, 0.97, None),
+    assert [(r["seed"], r["updates"], r["published_qc"], r["published_fql"], r["td_terminals"]) for r in rows] == [
+        (0, 5000, None, None, False),
+        (0, 100_000, 0.97, None, False),
+        (1, 5000, None, None, True),
+        (1, 100_000, 0.97, None, True),
     ]
     assert rows[1]["dataset"] == "scene-play-singletask-task2" and rows[1]["run_complete"] == "100000/1000000"
     md = (tmp_path / "results" / "ogbench.md").read_text()
     assert "not the published files" in md and "| scene-play-singletask-task2 | qc | 0 | 100000 | 0.800 |" in md
+    assert "| scene-task2__qc__seed0__data100ep | " in md and "| scene-task2__qc__seed1__data100ep__term | " in md
 
 
 def test_stopper_interrupts_after_the_next_curve_point(og, tmp_path, monkeypatch):
@@ -107,7 +112,13 @@ def test_a_tiny_run_in_two_segments(og, tmp_path, monkeypatch):
     steps = [p["updates"] for p in r["curve"]]
     assert steps[0] == 2 and steps[-1] == 6 and steps == sorted(set(steps)) and set(steps) <= {2, 4, 6}
     assert all(p["episodes"] == 1 for p in r["curve"]) and r["segments"][-1]["updates_per_s"] > 0
-    data = json.loads((runs / "data__cube-single-task2_1ep.json").read_text())
-    assert data["steps"] == 100 and data["steps_per_s"] > 0
+    assert r["terminals"] and (runs / "cube-single-task2__qc__seed0__data1ep__term.json").is_file()
+    data = json.loads((runs / "data__cube-single-task2_1ep_term.json").read_text())
+    assert data["steps"] == 100 and data["steps_per_s"] > 0 and data["terminals"]
+    from dmrl.data import EpisodeStore
+
+    store = EpisodeStore.open(out / "data" / "cube-single-task2_1ep_term.zarr")  # what the run trained on
+    share = float(np.asarray(store.array("terminals")[:100]).mean())
+    assert store.has_terminals and data["terminal_step_share"] == round(share, 5)
     rows = og.aggregate(runs, tmp_path / "results")
     assert [row["updates"] for row in rows] == steps
