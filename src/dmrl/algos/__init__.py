@@ -5,6 +5,7 @@ from dmrl.algos.best_of_n import CriticRankedPolicy
 from dmrl.algos.critic import ChunkCritic, CriticConfig, chunk_td_target, polyak_update
 from dmrl.algos.diffusion_ql import DiffusionQL, DiffusionQLConfig
 from dmrl.algos.distill import Distill, DistillConfig
+from dmrl.algos.dppo import DPPO, DPPOConfig
 from dmrl.algos.dsrl import DSRL, DSRLConfig, SteeredPolicy
 from dmrl.algos.fql import FQL, FQLConfig, OneStepPolicy
 from dmrl.algos.iql import IDQL, IDQLConfig
@@ -20,6 +21,7 @@ ALGOS: dict[str, tuple[type, type, str | None]] = {
     "idql": (IDQL, IDQLConfig, "diffusion"),
     "fql": (FQL, FQLConfig, "diffusion"),
     "dsrl": (DSRL, DSRLConfig, "diffusion"),
+    "dppo": (DPPO, DPPOConfig, "diffusion"),
     "distill": (Distill, DistillConfig, "student"),
 }
 
@@ -42,6 +44,7 @@ def register_algo(name: str, algo_cls: type, config_cls: type, policy_type: str 
 __all__ = [
     "ALGOS",
     "BC",
+    "DPPO",
     "DSRL",
     "FQL",
     "IDQL",
@@ -55,6 +58,7 @@ __all__ = [
     "DiffusionQLConfig",
     "Distill",
     "DistillConfig",
+    "DPPOConfig",
     "DSRLConfig",
     "FQLConfig",
     "IDQLConfig",

@@ -149,7 +149,39 @@ class OnlineConfig:
             )
 
 
-SOURCE_TYPES: dict[str, type] = {"offline": OfflineConfig, "online": OnlineConfig}
+@dataclasses.dataclass
+class RolloutConfig:
+    """On-policy rollouts (DPPO): every update is one fresh rollout of the current policy in --source.n-envs envs
+    stepped in the learner's process; --steps counts updates (rollouts) and --dataset gives normaliser statistics
+    and shapes."""
+
+    n_envs: int = 16
+    """Envs stepped in lockstep (one after another)."""
+    decisions: int = 25
+    """Decisions (chunks) per env in each rollout."""
+    env_steps: int = 0
+    """Stop after this many env steps in total (0: no limit)."""
+    max_episode_steps: int = 0
+    """Env steps per episode (0: the env's default)."""
+    curve_every: int = 0
+    """Updates between learning-curve points (0: none)."""
+    curve_episodes: int = 20
+    """Episodes per learning-curve point, from --eval-seed."""
+
+    def __post_init__(self) -> None:
+        if self.n_envs < 1 or self.decisions < 1 or self.curve_episodes < 1:
+            raise ValueError(
+                f"rollout: need --source.n-envs, --source.decisions, --source.curve-episodes >= 1; got {self.n_envs}, "
+                f"{self.decisions}, {self.curve_episodes}"
+            )
+        if self.env_steps < 0 or self.max_episode_steps < 0 or self.curve_every < 0:
+            raise ValueError(
+                f"rollout: need --source.env-steps, --source.max-episode-steps, --source.curve-every >= 0; got "
+                f"{self.env_steps}, {self.max_episode_steps}, {self.curve_every}"
+            )
+
+
+SOURCE_TYPES: dict[str, type] = {"offline": OfflineConfig, "online": OnlineConfig, "rollout": RolloutConfig}
 
 P = TypeVar("P")
 A = TypeVar("A")
@@ -160,9 +192,9 @@ C = TypeVar("C", bound=ChunkConfig)
 @dataclasses.dataclass
 class TrainConfig(Generic[P, A, S, C]):
     """``dmrl train``: a chunk policy trained by an algorithm on an episode store (offline) or on collected
-    experience (online). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type
-    {bc,diffusion-ql,td3-bc,qc,idql,fql,dsrl} and --source.type {offline,online}; this help lists the chosen types'
-    flags."""
+    experience (online, rollout). Choose with --policy.type {diffusion,gaussian,vae}, --algo.type
+    {bc,diffusion-ql,td3-bc,qc,idql,fql,dsrl,dppo} and --source.type {offline,online,rollout}; this help lists the
+    chosen types' flags."""
 
     dataset: Path = Path("data/grasp_expert.zarr")
     """Episode store from dmrl collect."""
@@ -191,9 +223,9 @@ class TrainConfig(Generic[P, A, S, C]):
     policy: P = choice(POLICY_TYPES, "diffusion")
     """The policy (--policy.type diffusion | gaussian | vae)."""
     algo: A = choice(ALGO_TYPES, "bc")
-    """The algorithm (--algo.type bc | diffusion-ql | td3-bc | qc | idql | fql | dsrl)."""
+    """The algorithm (--algo.type bc | diffusion-ql | td3-bc | qc | idql | fql | dsrl | dppo)."""
     source: S = choice(SOURCE_TYPES, "offline")
-    """Where batches come from (--source.type offline | online)."""
+    """Where batches come from (--source.type offline | online | rollout)."""
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     """Device, precision, gradient handling and training states."""
 
@@ -219,6 +251,11 @@ class TrainConfig(Generic[P, A, S, C]):
             raise ValueError(
                 f"--chunk.pad-after: for --algo.type bc; RL chunk transitions keep Ta - 1 (got {self.algo_type})"
             )
+        if (self.batches == "rollouts") != isinstance(self.source, RolloutConfig):
+            raise ValueError(
+                f"--algo.type {self.algo_type} with --source.type {type_name(self.source, SOURCE_TYPES)}: on-policy "
+                "rollouts are for --algo.type dppo, and dppo trains only on them (pass both or neither)"
+            )
         if self.online and self.batches != "transitions":
             raise ValueError(
                 "--source.type online trains an actor-critic: pass --algo.type diffusion-ql, qc, idql, fql, dsrl or "
@@ -240,7 +277,7 @@ class TrainConfig(Generic[P, A, S, C]):
             raise ValueError(
                 f"--batch-size {self.batch_size} must be divisible by --engine.accumulate {self.engine.accumulate}"
             )
-        if not self.online and self.source.cache_images and self.batches != "windows":
+        if isinstance(self.source, OfflineConfig) and self.source.cache_images and self.batches != "windows":
             raise ValueError("--source.cache-images is for behaviour cloning's windows; RL transitions read the store")
 
     @property
@@ -253,7 +290,7 @@ class TrainConfig(Generic[P, A, S, C]):
 
     @property
     def batches(self) -> str:
-        """What the algorithm trains on: "windows" (behaviour cloning) or "transitions" (RL)."""
+        """What the algorithm trains on: "windows" (behaviour cloning), "transitions" (RL) or "rollouts" (on-policy)."""
         return getattr(ALGOS[self.algo_type][0], "batches", "windows")
 
     @property

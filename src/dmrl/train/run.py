@@ -255,6 +255,10 @@ def _train(
         from dmrl.train.online import OnlineSource
 
         source: DataSource = OnlineSource(cfg, store, engine, hook)
+    elif cfg.batches == "rollouts":
+        from dmrl.train.onpolicy import RolloutSource
+
+        source = RolloutSource(cfg, store, engine)
     else:
         source = OfflineSource(cfg, store, engine)
     out = prepare_out(cfg, engine)
