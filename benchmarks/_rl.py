@@ -168,8 +168,8 @@ def plot_curves(curves: dict[str, list[list]], path: Path, title: str) -> None:
 
 def load_run(run: Path):
     """(algo with the run's newest state, its TrainConfig, its store) for a finished run directory of an algorithm
-    with a critic (diffusion-ql, qc, idql: best-of-N acting; fql: its student; dsrl: its noise actor); the exported
-    checkpoint holds the actor alone."""
+    with a critic (diffusion-ql, qc, idql: best-of-N acting; fql: its student; dsrl: its noise actor; dppo: its
+    chain of means); the exported checkpoint holds the actor alone."""
     from dmrl.config_utils import from_dict
     from dmrl.data import EpisodeStore
     from dmrl.train.engine import Engine, EngineConfig, load_latest_state
@@ -179,8 +179,10 @@ def load_run(run: Path):
     if not cfg_file.is_file():
         raise FileNotFoundError(f"--runs {run}: no config.json (pass a dmrl train run directory)")
     cfg = from_dict(TrainConfig, {**json.loads(cfg_file.read_text()), "init": None})  # weights come from state/
-    if cfg.algo_type not in ("diffusion-ql", "qc", "idql", "fql", "dsrl"):
-        raise ValueError(f"--runs {run}: algo {cfg.algo_type!r} has no critic (diffusion-ql, qc, idql, fql, dsrl do)")
+    if cfg.algo_type not in ("diffusion-ql", "qc", "idql", "fql", "dsrl", "dppo"):
+        raise ValueError(
+            f"--runs {run}: algo {cfg.algo_type!r} has no critic (diffusion-ql, qc, idql, fql, dsrl, dppo do)"
+        )
     store = EpisodeStore.open(cfg.dataset)
     engine = Engine(EngineConfig(device="cpu", precision="fp32"), cfg.seed)
     algo = build_algo(cfg, store, engine)

@@ -45,6 +45,7 @@ ONLINE = {
     "qc": (True, True, "qc"),
     "qc_uniform": (True, False, "qc"),
     "dsrl": (True, True, "dsrl"),
+    "dppo": (True, False, "dppo"),
 }
 Arm = Literal[("bc", *ONLINE)]  # --arms choices
 COLORS = {"bc_rl": "C2", "scratch": "C1", "bc_rl_uniform": "C4", "qc": "C3", "qc_uniform": "C5", "dsrl": "C6"}
@@ -55,6 +56,7 @@ LABELS = {
     "qc": "(d) BC -> online QC (PER)",
     "qc_uniform": "(d) QC with uniform replay",
     "dsrl": "(e) BC -> online DSRL (noise steering)",
+    "dppo": "(f) BC -> DPPO (PPO over the denoising chain)",
 }
 
 
@@ -90,9 +92,11 @@ def final_eval_run(run: Path, episodes: int, envs: int, first: int = 100_000) ->
 
 
 def curve(run: Path) -> list[tuple[int, int, float]]:
-    """(update, env steps at the snapshot, success) of every periodic evaluation logged by an online run."""
+    """(update, env steps at the snapshot, success) of every periodic evaluation logged by an online run (the
+    evaluator's records) or a rollout run (its curve points)."""
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [(r["update"], r["eval_env_steps"], r["eval_success"]) for r in recs if "eval_success" in r]
+    online = [(r["update"], r["eval_env_steps"], r["eval_success"]) for r in recs if "eval_success" in r]
+    return online + [(r["step"], r["env_steps"], r["curve_success"]) for r in recs if "curve_success" in r]
 
 
 def drawdown(points: list[tuple[int, int, float]], window: int = 3) -> float:
@@ -145,6 +149,14 @@ class Args:
     """QC: std of the noise on the executed actions of all but one of the N candidates (algo.candidate_noise)"""
     qc_candidate_margin: float = 0.0
     """QC: Q margin a perturbed candidate needs over the actor's own sample (algo.candidate_margin)"""
+    dppo_envs: int = 64
+    """dppo: envs per rollout (each runs 25 decisions per rollout)"""
+    dppo_lr: float = 1e-4
+    """dppo: the diffusion actor's learning rate"""
+    dppo_clip: float = 0.01
+    """dppo: PPO's clip at the last denoising step (a tenth of it at the first)"""
+    dppo_curve_every: int = 4
+    """dppo: rollouts between learning-curve points"""
     selection: bool = False
     """curves and final evaluation on the selection seeds (200000..) into {name}_select.json, to choose settings"""
     scratch_eta: float | None = None
@@ -211,7 +223,17 @@ def main() -> None:
             if args.offline_share and init:  # the demonstrations in their own ring, a fixed share of every batch
                 online["offline_share"] = args.offline_share
             eta = scratch_eta if arm == "scratch" else args.eta
-            if algo == "dsrl":
+            if algo == "dppo":  # on-policy: fresh rollouts instead of collectors and a replay
+                if not args.env_steps:
+                    sys.exit(
+                        "--arms dppo: pass --env-steps (its runs end at an env-step budget; --steps is per rollout)"
+                    )
+                online = {"type": "rollout", "n_envs": args.dppo_envs, "decisions": 25, "env_steps": args.env_steps,
+                          "curve_every": args.dppo_curve_every, "curve_episodes": args.curve_episodes}  # fmt: skip
+                spec = {"type": "dppo", "actor_lr": args.dppo_lr, "clip_ratio": args.dppo_clip,
+                        "clip_ratio_first": args.dppo_clip / 10, "minibatch": 4000}  # fmt: skip
+                tag = f"e{args.dppo_envs}_lr{args.dppo_lr:g}_c{args.dppo_clip:g}"
+            elif algo == "dsrl":
                 spec, tag = {"type": "dsrl", "explore_std": args.dsrl_explore}, f"x{args.dsrl_explore:g}"
                 online["bc_data"] = "replay"
             elif algo == "qc":
@@ -224,10 +246,11 @@ def main() -> None:
             else:
                 spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
             budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
-            budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update else ""
+            budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update and algo != "dppo" else ""
             budget += f"_off{args.offline_share:g}" if args.offline_share and init else ""
             budget += "_sel" if args.selection else ""
-            run = args.out / f"{arm}_{tag}_{online['bc_data']}{budget}_seed{seed}"  # settings in the name: runs coexist
+            data = online.get("bc_data", "onpolicy")
+            run = args.out / f"{arm}_{tag}_{data}{budget}_seed{seed}"  # settings in the name: runs coexist
             cfg = template(args.config, **base, out=run, algo=spec, policy="diffusion", steps=args.steps,
                            source=online, init=bc_out / "checkpoint" if init else None,
                            eval_seed=first_seed)  # fmt: skip
@@ -247,7 +270,7 @@ def main() -> None:
     def guided(arm: str) -> bool:  # the critic chooses the chunks (best-of-N) or shapes the actor (eta > 0)
         if arm not in ONLINE:
             return False
-        return ONLINE[arm][2] in ("qc", "dsrl") or (scratch_eta if arm == "scratch" else args.eta) > 0
+        return ONLINE[arm][2] in ("qc", "dsrl", "dppo") or (scratch_eta if arm == "scratch" else args.eta) > 0
 
     bc_final = float(np.mean([r["eval"]["success_rate"] for r in results["bc"]])) if results.get("bc") else None
     rows = []

@@ -9,7 +9,9 @@ exact Gaussian log-likelihood, and PPO's clipped ratio objective applies to it u
     A_d       GAE(lambda) of decision d over chunk rewards, with V(s) the critic (its baseline and bootstrap)
     A_{d,i}   A_d · gamma_denoising^(S-1-i)   (the steps nearest the action matter most)
     ratio     exp(log pi_theta(x_{i+1} | x_i, s) - log pi_old(x_{i+1} | x_i, s))
-    loss      -mean min(ratio · A, clip(ratio, 1 ± clip_ratio) · A),  V regressed on the GAE returns
+    loss      -mean min(ratio · A, clip(ratio, 1 ± eps_i) · A),  V regressed on the GAE returns
+
+eps_i grows from ``clip_ratio_first`` at the noisiest step to ``clip_ratio`` at the last, as in DPPO.
 
 The critic steers: which sampled chunks become more likely is decided by V's advantage estimates (``--algo.gae-lambda
 1`` with a zero-init critic would leave only Monte-Carlo returns). Nothing is read off the data's support: the
@@ -52,7 +54,10 @@ class DPPOConfig:
     min_std: float = 0.1
     """Lower bound of every denoising step's std (normalised action units): exploration and a finite likelihood."""
     clip_ratio: float = 0.01
-    """PPO's clip on the likelihood ratio of a denoising step."""
+    """PPO's clip on the likelihood ratio of the last denoising step (the one that makes the executed chunk)."""
+    clip_ratio_first: float = 0.001
+    """The clip of the first denoising step; steps between grow exponentially towards clip_ratio (DPPO's schedule:
+    the noisiest steps move least)."""
     epochs: int = 10
     """Passes over each rollout."""
     minibatch: int = 1000
@@ -69,10 +74,10 @@ class DPPOConfig:
     """V(s): its network; gamma is the per-env-step discount (gamma ** Ta per decision)."""
 
     def __post_init__(self) -> None:
-        if self.actor_lr <= 0 or self.critic_lr <= 0 or self.min_std <= 0 or self.clip_ratio <= 0:
+        if min(self.actor_lr, self.critic_lr, self.min_std, self.clip_ratio, self.clip_ratio_first) <= 0:
             raise ValueError(
-                f"--algo: need actor_lr, critic_lr, min_std, clip_ratio > 0; got {self.actor_lr}, {self.critic_lr}, "
-                f"{self.min_std}, {self.clip_ratio}"
+                f"--algo: need actor_lr, critic_lr, min_std, clip_ratio, clip_ratio_first > 0; got {self.actor_lr}, "
+                f"{self.critic_lr}, {self.min_std}, {self.clip_ratio}, {self.clip_ratio_first}"
             )
         if self.epochs < 1 or self.minibatch < 1 or self.critic_warmup < 0 or self.target_kl < 0:
             raise ValueError(
@@ -122,6 +127,9 @@ class DPPO(nn.Module):
         self.chain = DDIMSampler(actor.schedule, num_steps=s.num_steps, eta=1.0, pred_type=s.pred_type,
                                  clip_sample=True, timestep_spacing=actor.config.timestep_spacing)  # fmt: skip
         self.std = self.chain.sigma.clamp(min=config.min_std)  # (S,)
+        n = s.num_steps
+        grow = (torch.exp(3.0 * torch.arange(n) / max(n - 1, 1)) - 1) / (math.exp(3.0) - 1) if n > 1 else torch.ones(1)
+        self.clip = config.clip_ratio_first + (config.clip_ratio - config.clip_ratio_first) * grow  # (S,)
         self.actor_opt = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr)
         self.critic_opt = torch.optim.Adam(value.parameters(), lr=config.critic_lr)
         self.register_buffer("env_steps", torch.zeros((), dtype=torch.long))  # resumable: the budget's counter
@@ -148,7 +156,7 @@ class DPPO(nn.Module):
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
         self.chain = self.chain.to(self.actor.normalizer.actions_scale.device)
-        self.std = self.std.to(self.chain.device)
+        self.std, self.clip = self.std.to(self.chain.device), self.clip.to(self.chain.device)
         return out
 
     # ------------------------------------------------------------------ the chain as a policy
@@ -247,11 +255,12 @@ class DPPO(nn.Module):
         lp = self.log_prob(self.step_mean(mb["x"], mb["i"], cond, mask), mb["x_next"], mb["i"])
         log_ratio = lp - mb["old_lp"]
         ratio = log_ratio.exp()
-        clipped = ratio.clamp(1 - self.config.clip_ratio, 1 + self.config.clip_ratio)
+        eps = self.clip[mb["i"]]  # (B,)
+        clipped = torch.minimum(torch.maximum(ratio, 1 - eps), 1 + eps)
         loss = -torch.minimum(ratio * mb["adv"], clipped * mb["adv"]).mean()
         with torch.no_grad():
             kl = ((ratio - 1) - log_ratio).mean()  # Schulman's k3 estimator of KL(old || new)
-            frac = ((ratio - 1).abs() > self.config.clip_ratio).float().mean()
+            frac = ((ratio - 1).abs() > eps).float().mean()
         return {"loss": loss, "policy_loss": loss.detach(), "approx_kl": kl, "clip_fraction": frac}
 
 
