@@ -10,8 +10,9 @@ from algo_helpers import CHUNK, DA, OBS_DIMS, diffusion_actor, engine
 from test_q_guidance import MODE, _bandit_batch
 
 from dmrl.algos import DPPO, ChunkCritic, CriticConfig, DPPOConfig
-from dmrl.algos.dppo import ChainMeanPolicy, gae
+from dmrl.algos.dppo import gae
 from dmrl.policies import DiffusionPolicyConfig, build_policy
+from dmrl.policies.checkpoint import load_policy, save_policy
 
 SMALL_V = CriticConfig(n_critics=1, hidden=32, depth=2)
 
@@ -61,20 +62,23 @@ def test_each_denoising_step_is_the_stochastic_ddim_step_with_its_gaussian_likel
     assert explored["value"].shape == (5,)
 
 
-def test_evaluation_runs_the_chain_of_means():
+def test_the_actor_and_its_checkpoint_act_with_the_chain_of_means(tmp_path):
     algo = _algo()
-    policy = algo.evaluation_policy()
-    assert isinstance(policy, ChainMeanPolicy)
+    assert algo.evaluation_policy() is algo.actor and not algo.actor.sampler.stochastic
+    save_policy(tmp_path / "ckpt", algo.policy)
+    loaded, _ = load_policy(tmp_path / "ckpt")
+    assert (loaded.config.ddim_eta, loaded.config.ddim_noise_scale) == (1.0, 0.0)
     obs = {"state": torch.randn(3, 2, 5)}
-    torch.manual_seed(1)
-    got = policy.predict_chunk(obs)
-    torch.manual_seed(1)
-    cond, _ = algo.actor.condition(obs)
-    x = torch.randn(3, CHUNK.horizon, DA)
-    with torch.no_grad():
-        for i in range(algo.chain.num_steps):
-            x = algo.step_mean(x, torch.full((3,), i), cond)
-    torch.testing.assert_close(got, algo.actor.raw_actions(x))
+    for policy in (algo.actor, loaded):
+        torch.manual_seed(1)
+        got = policy.predict_chunk(obs)
+        torch.manual_seed(1)
+        cond, _ = algo.actor.condition(obs)
+        x = torch.randn(3, CHUNK.horizon, DA)
+        with torch.no_grad():
+            for i in range(algo.chain.num_steps):
+                x = algo.step_mean(x, torch.full((3,), i), cond)
+        torch.testing.assert_close(got, algo.actor.raw_actions(x))
 
 
 def test_ppo_over_the_chain_moves_a_two_mode_bc_policy_to_the_rewarded_mode():

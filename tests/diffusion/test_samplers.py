@@ -166,3 +166,18 @@ def test_to_device_keeps_tables() -> None:
     s = DDIMSampler(SCHED, num_steps=5, eta=0.3)
     moved = s.to("cpu")
     assert moved is not s and torch.equal(moved.c_eps, s.c_eps) and moved.num_steps == 5
+
+
+def test_noise_scale_scales_only_the_fresh_noise() -> None:
+    # DPPO's exported chain: eta 1's coefficients, no noise (each step's mean); other scales shrink the noise alone.
+    sched = make_schedule("cosine", num_train_steps=100)
+    full, half, mean = (DDIMSampler(sched, num_steps=5, eta=1.0, noise_scale=k) for k in (1.0, 0.5, 0.0))
+    assert not mean.stochastic and half.stochastic
+    torch.testing.assert_close(half.sigma, full.sigma / 2)
+    torch.testing.assert_close(mean.c_eps, full.c_eps)
+    x, out, z = torch.randn(3, 4, 2), torch.randn(3, 4, 2), torch.randn(3, 4, 2)
+    for i in range(5):
+        torch.testing.assert_close(mean.step(i, out, x, noise=z), full.step(i, out, x, noise=torch.zeros_like(z)))
+        torch.testing.assert_close(half.step(i, out, x, noise=z), full.step(i, out, x, noise=z / 2))
+    with pytest.raises(ValueError, match="noise_scale"):
+        DDIMSampler(sched, num_steps=5, noise_scale=-1.0)

@@ -18,7 +18,9 @@ The critic steers: which sampled chunks become more likely is decided by V's adv
 policy moves only towards chunks it sampled itself, a small clipped step at a time. Log-likelihoods read only the
 Ta executed rows of each chunk (the other rows never reach the env, so the return says nothing about them).
 
-Rollouts come from dmrl.train.onpolicy (``--source.type rollout``); ``update(rollout)`` is one PPO iteration:
+The actor's own sampler is set to that chain without noise (``ddim_eta`` 1, ``ddim_noise_scale`` 0): evaluation,
+the checkpoint, ``dmrl eval`` and the ONNX export all act with each step's mean. Rollouts come from
+dmrl.train.onpolicy (``--source.type rollout``); ``update(rollout)`` is one PPO iteration:
 GAE, then ``epochs`` passes of minibatches over every (decision, denoising step) pair.
 """
 
@@ -31,7 +33,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dmrl.algos.best_of_n import PlanningWrapper
 from dmrl.algos.common import Stepper
 from dmrl.algos.critic import ChunkCritic, CriticConfig
 from dmrl.diffusion import DDIMSampler
@@ -122,6 +123,10 @@ class DPPO(nn.Module):
             raise ValueError(f"dppo fine-tunes a diffusion policy's chain; got policy {actor.name!r}")
         self.config, self.engine = config, engine
         self.actor, self.value = actor, value
+        # The actor acts (evaluation, the checkpoint, dmrl eval, ONNX) with the chain it is trained as, without its
+        # noise: eta 1's coefficients, each step's mean.
+        actor.config.ddim_eta, actor.config.ddim_noise_scale = 1.0, 0.0
+        actor.set_sampler(actor.sampler.num_steps)
         s = actor.sampler
         # eta 1: every step a Gaussian whose std is the DDPM posterior's between the visited timesteps (clipped).
         self.chain = DDIMSampler(actor.schedule, num_steps=s.num_steps, eta=1.0, pred_type=s.pred_type,
@@ -149,9 +154,9 @@ class DPPO(nn.Module):
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         return {"actor": self.actor_opt, "critic": self.critic_opt}
 
-    def evaluation_policy(self) -> ChainMeanPolicy:
-        """The fine-tuned chain without its noise: each step's mean, as it was trained."""
-        return ChainMeanPolicy(self.actor, self.chain)
+    def evaluation_policy(self) -> DiffusionPolicy:
+        """The actor, whose sampler runs the fine-tuned chain without its noise (each step's mean)."""
+        return self.actor
 
     def _apply(self, fn, recurse=True):
         out = super()._apply(fn, recurse)
@@ -262,21 +267,3 @@ class DPPO(nn.Module):
             kl = ((ratio - 1) - log_ratio).mean()  # Schulman's k3 estimator of KL(old || new)
             frac = ((ratio - 1).abs() > eps).float().mean()
         return {"loss": loss, "policy_loss": loss.detach(), "approx_kl": kl, "clip_fraction": frac}
-
-
-class ChainMeanPolicy(PlanningWrapper):
-    """Acts with a DPPO actor's denoising chain taking each step's mean (no noise): the deterministic policy that
-    evaluation and the learning curve score."""
-
-    def __init__(self, actor: DiffusionPolicy, chain: DDIMSampler):
-        super().__init__(actor)
-        self.chain = chain
-
-    @torch.no_grad()
-    def predict_chunk(self, obs: dict) -> Tensor:
-        cond, mask = self.actor.condition(obs)
-        shape = (cond.shape[0], self.chunk.horizon, self.actor.action_dim)
-        chain = self.chain if self.chain.device == cond.device else self.chain.to(cond.device)
-        zeros = torch.zeros((chain.num_steps, *shape), device=cond.device)
-        x = chain.sample(self.actor.denoise_fn(cond, mask), shape, init_noise=torch.randn(shape), step_noise=zeros)
-        return self.actor.raw_actions(x)

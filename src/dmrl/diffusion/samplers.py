@@ -207,6 +207,8 @@ class DDIMSampler(_ChainSampler):
     schedule: NoiseSchedule = field(repr=False)
     num_steps: int = 10  # type: ignore[assignment]  # shadows the base property on purpose: S is the config
     eta: float = 0.0
+    #: Multiplies the std of the fresh noise, not the coefficients (which follow eta): 0 runs each step's mean.
+    noise_scale: float = 1.0
     #: One of prediction.PRED_TYPES: "epsilon", "sample", "v", "hybrid".
     pred_type: str = "epsilon"
     #: Clamp x0_hat to [-clip_range, clip_range] before it enters the update (actions are normalised to [-1, 1]).
@@ -223,6 +225,8 @@ class DDIMSampler(_ChainSampler):
             raise ValueError(f"DDIM num_steps: got {S}; must be 1..T={T}")
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"DDIM eta: got {self.eta}; must be in [0, 1]")
+        if not self.noise_scale >= 0.0:
+            raise ValueError(f"DDIM noise_scale: got {self.noise_scale}; must be >= 0")
         if self.timestep_spacing not in TIMESTEP_SPACINGS:
             raise ValueError(
                 f"DDIM timestep_spacing: got {self.timestep_spacing!r}; allowed: {', '.join(TIMESTEP_SPACINGS)}"
@@ -247,4 +251,4 @@ class DDIMSampler(_ChainSampler):
         var = (1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)
         sigma = self.eta * var**0.5
         c_eps = (1 - ab_prev - sigma**2).clamp(min=0.0) ** 0.5  # clamp: never NaN, a no-op where diffusers is finite
-        self._set_tables(ts, ab_prev**0.5, torch.zeros_like(ab_t), c_eps, sigma)
+        self._set_tables(ts, ab_prev**0.5, torch.zeros_like(ab_t), c_eps, sigma * self.noise_scale)

@@ -52,6 +52,8 @@ class DiffusionPolicyConfig:
     """S: DDIM steps at inference (1..T)."""
     ddim_eta: float = 0.0
     """DDIM sampling noise η (0: deterministic, 1: DDPM-like)."""
+    ddim_noise_scale: float = 1.0
+    """Scale of that noise (0: each step's mean)."""
     timestep_spacing: str = "trailing"
     """trailing or leading DDIM steps."""
     hybrid: HybridWeights = field(default_factory=HybridWeights)
@@ -82,10 +84,10 @@ class DiffusionPolicyConfig:
             raise ValueError(f"diffusion noise_samples: got {self.noise_samples!r}; allowed an integer >= 1")
         if self.schedule not in SCHEDULE_KINDS:
             raise ValueError(f"diffusion schedule: got {self.schedule!r}; allowed: {', '.join(SCHEDULE_KINDS)}")
-        if self.timestep_spacing not in TIMESTEP_SPACINGS or self.ddim_eta < 0:
+        if self.timestep_spacing not in TIMESTEP_SPACINGS or self.ddim_eta < 0 or self.ddim_noise_scale < 0:
             raise ValueError(
-                f"diffusion timestep_spacing / ddim_eta: got {self.timestep_spacing!r} / {self.ddim_eta}; allowed: "
-                f"{', '.join(TIMESTEP_SPACINGS)} / >= 0"
+                f"diffusion timestep_spacing / ddim_eta / ddim_noise_scale: got {self.timestep_spacing!r} / "
+                f"{self.ddim_eta} / {self.ddim_noise_scale}; allowed: {', '.join(TIMESTEP_SPACINGS)} / >= 0 / >= 0"
             )
         if self.sample_head not in SAMPLE_HEADS:
             raise ValueError(f"diffusion sample_head: got {self.sample_head!r}; allowed: {', '.join(SAMPLE_HEADS)}")
@@ -132,6 +134,7 @@ class DiffusionPolicy(ChunkPolicy):
             self.schedule,
             num_steps=num_steps,
             eta=self.config.ddim_eta if eta is None else eta,
+            noise_scale=self.config.ddim_noise_scale if eta is None else 1.0,
             pred_type=pred_type,
             clip_sample=True,
             timestep_spacing=self.config.timestep_spacing,
