@@ -136,3 +136,19 @@ def test_critic_warmup_leaves_the_actor_alone_and_bad_settings_are_refused():
         DPPOConfig(min_std=0)
     with pytest.raises(ValueError, match="gae_lambda"):
         DPPOConfig(gae_lambda=1.5)
+
+
+def test_ft_steps_trains_only_the_last_denoising_steps(monkeypatch):
+    algo = _algo(diffusion_actor(steps=4), ft_steps=2, critic_warmup=0, minibatch=4)
+    seen: list[torch.Tensor] = []
+    loss = algo.policy_loss
+    monkeypatch.setattr(algo, "policy_loss", lambda mb: (seen.append(mb["i"]), loss(mb))[1])
+    obs = {"state": torch.randn(3, 2, 5)}
+    out = algo.explore(obs)
+    rollout = {"obs": {"state": obs["state"][None]}, **{k: v[None] for k, v in out.items()}, "reward": torch.ones(1, 3),
+               "done": torch.ones(1, 3, dtype=torch.bool), "next_value": torch.zeros(3)}  # fmt: skip
+    algo.update(rollout)
+    steps = torch.cat(seen)
+    assert len(steps) == 3 * 2 * algo.config.epochs and set(steps.tolist()) == {2, 3}
+    with pytest.raises(ValueError, match="ft-steps 5"):
+        _algo(diffusion_actor(steps=4), ft_steps=5)

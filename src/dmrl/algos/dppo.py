@@ -67,6 +67,10 @@ class DPPOConfig:
     """GAE's lambda over decisions."""
     gamma_denoising: float = 0.99
     """Discount of a decision's advantage per denoising step away from the executed chunk."""
+    ft_steps: int = 0
+    """Denoising steps whose (x_i, x_{i+1}) pairs train the actor, counted back from the last (0: all S). The early
+    steps of an x0-predicting chain barely move the executed chunk, so their likelihood ratios carry noise, not
+    signal; the chain still samples them (with the same network) and explores through them."""
     critic_warmup: int = 2
     """First rollouts that train V only (a random V's advantages would steer at random)."""
     target_kl: float = 0.0
@@ -80,10 +84,10 @@ class DPPOConfig:
                 f"--algo: need actor_lr, critic_lr, min_std, clip_ratio, clip_ratio_first > 0; got {self.actor_lr}, "
                 f"{self.critic_lr}, {self.min_std}, {self.clip_ratio}, {self.clip_ratio_first}"
             )
-        if self.epochs < 1 or self.minibatch < 1 or self.critic_warmup < 0 or self.target_kl < 0:
+        if self.epochs < 1 or self.minibatch < 1 or min(self.critic_warmup, self.target_kl, self.ft_steps) < 0:
             raise ValueError(
-                f"--algo: need epochs >= 1, minibatch >= 1, critic_warmup >= 0, target_kl >= 0; got {self.epochs}, "
-                f"{self.minibatch}, {self.critic_warmup}, {self.target_kl}"
+                f"--algo: need epochs >= 1, minibatch >= 1, critic_warmup, target_kl, ft_steps >= 0; got "
+                f"{self.epochs}, {self.minibatch}, {self.critic_warmup}, {self.target_kl}, {self.ft_steps}"
             )
         if not (0.0 <= self.gae_lambda <= 1.0 and 0.0 < self.gamma_denoising <= 1.0):
             raise ValueError(
@@ -133,6 +137,10 @@ class DPPO(nn.Module):
                                  clip_sample=True, timestep_spacing=actor.config.timestep_spacing)  # fmt: skip
         self.std = self.chain.sigma.clamp(min=config.min_std)  # (S,)
         n = s.num_steps
+        if config.ft_steps > n:
+            raise ValueError(
+                f"--algo.ft-steps {config.ft_steps}: the chain has {n} steps (--policy.num-inference-steps)"
+            )
         grow = (torch.exp(3.0 * torch.arange(n) / max(n - 1, 1)) - 1) / (math.exp(3.0) - 1) if n > 1 else torch.ones(1)
         self.clip = config.clip_ratio_first + (config.clip_ratio - config.clip_ratio_first) * grow  # (S,)
         self.actor_opt = torch.optim.Adam([p for p in actor.parameters() if p.requires_grad], lr=config.actor_lr)
@@ -208,7 +216,7 @@ class DPPO(nn.Module):
     def update(self, rollout: dict) -> dict[str, Any]:
         """One iteration on a rollout of T decisions in N envs: obs {key: (T, N, To, ...)}, chain (T, N, S+1, Tp,
         Da), log_prob (T, N, S), value, reward, done (T, N), next_value (N,). GAE, then ``epochs`` passes of
-        clipped-ratio minibatches over all T·N·S denoising steps and V on the returns."""
+        clipped-ratio minibatches over the T·N·K denoising steps trained (K = ft_steps or S) and V on the returns."""
         cfg = self.config
         gamma = cfg.critic.gamma**self.actor.chunk.n_action_steps
         adv = gae(rollout["reward"], rollout["value"], rollout["done"], rollout["next_value"], gamma, cfg.gae_lambda)
@@ -218,15 +226,16 @@ class DPPO(nn.Module):
         obs = {k: v.flatten(0, 1) for k, v in rollout["obs"].items()}
         chain, old_lp = rollout["chain"].flatten(0, 1), rollout["log_prob"].flatten(0, 1)  # (D, S+1, ...), (D, S)
         d, s = old_lp.shape
+        n_ft = cfg.ft_steps or s
         step_weight = cfg.gamma_denoising ** torch.arange(s - 1, -1, -1, device=adv.device)  # (S,)
         train_actor = self.n_updates >= cfg.critic_warmup
         sums: dict[str, float] = {}
         count, stop = 0, False
         for _ in range(cfg.epochs):
-            perm = torch.randperm(d * s, device=adv.device)
-            for lo in range(0, d * s, cfg.minibatch):
+            perm = torch.randperm(d * n_ft, device=adv.device)
+            for lo in range(0, d * n_ft, cfg.minibatch):
                 pick = perm[lo : lo + cfg.minibatch]
-                dec, i = pick // s, pick % s
+                dec, i = pick // n_ft, s - n_ft + pick % n_ft
                 mb = {
                     "obs": {k: v[dec] for k, v in obs.items()},
                     "x": chain[dec, i], "x_next": chain[dec, i + 1], "i": i,
@@ -256,8 +265,11 @@ class DPPO(nn.Module):
         return {"loss": loss, "critic_loss": loss.detach(), "v": v.mean().detach()}
 
     def policy_loss(self, mb: dict) -> dict[str, Tensor]:
-        cond, mask = self.actor.condition(mb["obs"])
-        lp = self.log_prob(self.step_mean(mb["x"], mb["i"], cond, mask), mb["x_next"], mb["i"])
+        # fp32 whatever the engine's autocast: the old log-probs were computed in fp32, and a ratio clipped at
+        # 1 ± 0.001 must not move by rounding alone.
+        with torch.autocast(mb["x"].device.type, enabled=False):
+            cond, mask = self.actor.condition(mb["obs"])
+            lp = self.log_prob(self.step_mean(mb["x"], mb["i"], cond.float(), mask), mb["x_next"], mb["i"])
         log_ratio = lp - mb["old_lp"]
         ratio = log_ratio.exp()
         eps = self.clip[mb["i"]]  # (B,)

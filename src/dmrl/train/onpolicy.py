@@ -21,7 +21,7 @@ import torch
 
 from dmrl.data import EpisodeStore
 from dmrl.envs import env_factory
-from dmrl.policies.observations import step_tensors
+from dmrl.policies.observations import TEXT_KEYS, step_tensors
 from dmrl.train.config import RolloutConfig, TrainConfig
 from dmrl.train.engine import Engine
 from dmrl.train.offline import env_kwargs_from_store
@@ -39,6 +39,9 @@ class RolloutSource:
     def __init__(self, cfg: TrainConfig, store: EpisodeStore, engine: Engine) -> None:
         self.cfg, self.engine = cfg, engine
         self.src: RolloutConfig = cfg.source
+        text = [k for k in cfg.chunk.obs_keys if k in TEXT_KEYS]
+        if text:
+            raise ValueError(f"--source.type rollout: observation key(s) {text} are text; rollouts take arrays only")
         self.env_id = store.attrs["env_id"]
         self.env_kwargs = {**env_kwargs_from_store(store), "obs_modes": tuple(cfg.chunk.obs_keys)}
         if self.src.max_episode_steps:
