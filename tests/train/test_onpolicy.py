@@ -107,3 +107,15 @@ def test_dppo_trains_on_rollouts_within_its_env_step_budget(tmp_path, dataset):
 def test_dppo_and_rollouts_go_together(dataset, algo, source):
     with pytest.raises(ValueError, match="on-policy rollouts are for --algo.type dppo"):
         _cfg(dataset, "x", algo={"type": algo}, source={"type": source})
+
+
+def test_a_resumed_dppo_run_keeps_its_env_step_count(tmp_path, dataset, monkeypatch):
+    def stop(self, step, logs, algo):  # Ctrl-C right after the first update: the trainer saves that state
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(RolloutSource, "after_update", stop)
+        with pytest.raises(KeyboardInterrupt):
+            train(_cfg(dataset, tmp_path / "run", steps=2), progress=False)
+    summary = train(_cfg(dataset, tmp_path / "run", steps=2, resume=True), progress=False)
+    assert summary["train_steps"] == 2 and summary["env_steps"] == 48  # the budget counts across the restart

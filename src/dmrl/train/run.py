@@ -57,7 +57,8 @@ RESUME_MAY_DIFFER = {
 
 
 class DataSource(Protocol):
-    """Where the loop's batches come from: OfflineSource (dmrl.train.offline) or OnlineSource (dmrl.train.online)."""
+    """Where the loop's batches come from: OfflineSource (dmrl.train.offline), OnlineSource (dmrl.train.online) or
+    RolloutSource (dmrl.train.onpolicy: one fresh on-policy rollout per update)."""
 
     log_every: int  # updates between metric records
 
