@@ -108,12 +108,11 @@ class RolloutSource:
 
     def _history(self, frames: list[list[dict]]) -> dict:
         """Each env's last To frames (oldest first; a new episode's first frame repeated, as in the training
-        windows) -> {key: (N, To, ...)}; text keys keep the newest string per env."""
+        windows) -> {key: (N, To, ...)}."""
         to, keys = self.cfg.chunk.n_obs_steps, tuple(self.cfg.chunk.obs_keys)
         padded = [[f[0]] * (to - len(f[-to:])) + f[-to:] for f in frames]
         steps = [step_tensors(_stack([p[j] for p in padded], keys), keys, self.engine.device)[0] for j in range(to)]
-        return {k: steps[-1][k] if isinstance(steps[-1][k], list) else torch.stack([s[k] for s in steps], 1)
-                for k in keys}  # fmt: skip
+        return {k: torch.stack([s[k] for s in steps], 1) for k in keys}
 
     def _run_chunk(self, i: int, env: Any, actions: np.ndarray, gamma: float) -> tuple[float, bool]:
         """Execute env i's Ta actions (Ta, Da) -> (discounted chunk reward, whether its episode ended)."""
@@ -171,5 +170,5 @@ class RolloutSource:
 
 
 def _stack(obs: list[dict], keys: tuple[str, ...]) -> dict:
-    """Per-env observations -> {key: (N, ...)} (text: a list of N strings)."""
-    return {k: [o[k] for o in obs] if isinstance(obs[0][k], str) else np.stack([o[k] for o in obs]) for k in keys}
+    """Per-env observations -> {key: (N, ...)}."""
+    return {k: np.stack([o[k] for o in obs]) for k in keys}
