@@ -97,3 +97,22 @@ def test_read_curve_takes_the_whole_protocol_curve_only(mw, tmp_path):
 def test_a_published_zero_is_shown_as_zero(mw):
     rows, _ = mw.aggregate_rows({}, [("pick-place-v3", "diffusion", 0)])
     assert "| 0/1 | 0 | 12 |" in mw.markdown(rows, {"runs": "runs done / planned: 0 / 1"})
+
+
+def test_train_argv_parses_and_carries_the_protocols_encoder_and_aux_head(mw, tmp_path):
+    from dmrl.cli import _parse
+    from dmrl.train.config import TrainConfig
+
+    argv = mw.train_argv(tmp_path / "demos.zarr", tmp_path / "run", "vae", 2)
+    assert argv[0] == "train"
+    cfg = _parse(TrainConfig, argv[1:], "dmrl train")
+    assert cfg is not None, "dmrl train rejected the protocol's flags"
+    assert (cfg.steps, cfg.batch_size, cfg.seed) == (mw.STEPS, mw.BATCH, 2)
+    assert type(cfg.policy).__name__ == "VAEPolicyConfig"
+    assert list(cfg.chunk.obs_keys) == ["rgb", "joints"]
+    enc = cfg.chunk.encoder
+    assert (enc.rgb_encoder, enc.image_obs_steps, enc.resnet.stem_pool) == ("resnet", 1, False)
+    assert tuple(enc.resnet.widths) == (16, 16, 32, 32) and tuple(enc.resnet.stage_strides) == (1, 1, 2, 2)
+    assert tuple(cfg.chunk.aux_state) == mw.AUX_STATE == tuple(mw.protocol()["aux_state"])
+    assert cfg.source.curve_every == mw.CURVE_EVERY and mw.STEPS % mw.CURVE_EVERY == 0
+    assert cfg.eval_seed == 100000  # report seeds; the pilots selected on 200000..
