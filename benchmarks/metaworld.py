@@ -277,6 +277,21 @@ def read_curve(metrics: Path) -> list[list[float]]:
     return curve
 
 
+def can_resume(out: Path) -> bool:
+    """Whether ``out`` holds an interrupted run of this protocol with a training state to resume from; a run left by
+    another protocol (its protocol.json differs or is missing) is started over, never continued with other flags."""
+    state = out / "state"
+    if not ((out / "config.json").is_file() and state.is_dir() and any(state.iterdir())):
+        return False
+    saved = protocol_file(out)
+    return saved.is_file() and json.loads(saved.read_text()) == protocol()
+
+
+def protocol_file(out: Path) -> Path:
+    """The protocol a run directory was started under, beside it (dmrl's --overwrite empties the directory)."""
+    return out.with_name(out.name + ".protocol.json")
+
+
 def run_one(task: str, policy: str, seed: int) -> Path:
     """Train and evaluate one run; write its JSON atomically (a crash leaves no half-written file). A run
     directory left by an interrupted attempt (outputs/metaworld/runs/<run>/) is resumed from its last training
@@ -289,13 +304,15 @@ def run_one(task: str, policy: str, seed: int) -> Path:
     out = OUT / "runs" / run_name(task, policy, seed)
     argv = train_argv(data, out, policy, seed)
     seg_path = out / "segments.json"
-    state = out / "state"
-    resume = (out / "config.json").is_file() and state.is_dir() and any(state.iterdir())
+    resume = can_resume(out)
     segments = json.loads(seg_path.read_text()) if resume and seg_path.is_file() else []
     if resume and not seg_path.is_file():  # an earlier segment ended without recording its minutes
         segments = [{"minutes": None, "cpu_minutes": None, "load": []}]
     if resume:
         argv[argv.index("--overwrite")] = "--resume"
+    else:  # a fresh run (one left by another protocol is replaced: --overwrite): record which protocol it follows
+        out.parent.mkdir(parents=True, exist_ok=True)
+        protocol_file(out).write_text(json.dumps(protocol()))
     started = machine()  # the commit that runs, not the one at the end of a long run
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t0 = time.perf_counter()

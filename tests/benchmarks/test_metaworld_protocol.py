@@ -116,3 +116,16 @@ def test_train_argv_parses_and_carries_the_protocols_encoder_and_aux_head(mw, tm
     assert tuple(cfg.chunk.aux_state) == mw.AUX_STATE == tuple(mw.protocol()["aux_state"])
     assert cfg.source.curve_every == mw.CURVE_EVERY and mw.STEPS % mw.CURVE_EVERY == 0
     assert cfg.eval_seed == 100000  # report seeds; the pilots selected on 200000..
+
+
+def test_only_an_interrupted_run_of_this_protocol_is_resumed(mw, tmp_path):
+    out = tmp_path / "button-press-v3__diffusion__seed0"
+    (out / "state" / "step_450").mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    assert not mw.can_resume(out)  # no record of its protocol: the first protocol's run, started over
+    mw.protocol_file(out).write_text(json.dumps({**mw.protocol(), "steps": 1500}))
+    assert not mw.can_resume(out)
+    mw.protocol_file(out).write_text(json.dumps(mw.protocol()))
+    assert mw.can_resume(out)
+    (out / "state" / "step_450").rmdir()
+    assert not mw.can_resume(out)  # nothing to resume from
