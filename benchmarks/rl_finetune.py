@@ -249,8 +249,8 @@ def main() -> None:
             budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update and algo != "dppo" else ""
             budget += f"_off{args.offline_share:g}" if args.offline_share and init else ""
             budget += "_sel" if args.selection else ""
-            data = online.get("bc_data", "onpolicy")
-            run = args.out / f"{arm}_{tag}_{data}{budget}_seed{seed}"  # settings in the name: runs coexist
+            bc_tag = online.get("bc_data", "onpolicy")
+            run = args.out / f"{arm}_{tag}_{bc_tag}{budget}_seed{seed}"  # settings in the name: runs coexist
             cfg = template(args.config, **base, out=run, algo=spec, policy="diffusion", steps=args.steps,
                            source=online, init=bc_out / "checkpoint" if init else None,
                            eval_seed=first_seed)  # fmt: skip
