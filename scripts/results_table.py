@@ -135,6 +135,11 @@ FINETUNE_LABELS = {
 }
 OFFLINE_HEADLINE = ("bc", "diffusion-ql-aw", "qc", "diffusion-ql-aw-bon")
 FINETUNE_HEADLINE = ("bc", "bc_rl", "qc")
+#: Equal env steps and updates (200k env steps at 20 per update): (results file, arm, label).
+PACE_HEADLINE = (
+    ("rl_finetune_pace", "bc_rl", "self-imitation (eta 0)"),
+    ("rl_finetune_pace_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation"),
+)
 
 
 def headline(res: Results, prefix: str) -> str:
@@ -162,6 +167,11 @@ def headline(res: Results, prefix: str) -> str:
         r = res.row("rl_finetune", "arm", arm)
         rate = success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"])
         rows.append(["online fine-tuning (Grasp, 20 weak demos)", FINETUNE_LABELS[arm], rate, str(r["episodes"]), src])
+    for name, arm, label in PACE_HEADLINE:
+        r = res.row(name, "arm", arm)
+        rate = success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"])
+        bench = "online fine-tuning, equal updates (Grasp, 200k env steps)"
+        rows.append([bench, f"BC → online, {label}", rate, str(r["episodes"]), link(prefix, name)])
     src = link(prefix, "experts")
     for env in ("dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"):
         r = next(x for x in res.rows("experts") if x["env"] == env and x["policy"] == "expert")
