@@ -13,15 +13,16 @@ exact Gaussian log-likelihood, and PPO's clipped ratio objective applies to it u
 
 eps_i grows from ``clip_ratio_first`` at the noisiest step to ``clip_ratio`` at the last, as in DPPO.
 
-The critic steers: which sampled chunks become more likely is decided by V's advantage estimates (``--algo.gae-lambda
-1`` with a zero-init critic would leave only Monte-Carlo returns). Nothing is read off the data's support: the
+The critic steers: which sampled chunks become more likely is decided by V's advantage estimates (its baseline and
+bootstrap inside GAE). Nothing is read off the data's support: the
 policy moves only towards chunks it sampled itself, a small clipped step at a time. Log-likelihoods read only the
 Ta executed rows of each chunk (the other rows never reach the env, so the return says nothing about them).
 
 The actor's own sampler is set to that chain without noise (``ddim_eta`` 1, ``ddim_noise_scale`` 0): evaluation,
 the checkpoint, ``dmrl eval`` and the ONNX export all act with each step's mean. Rollouts come from
 dmrl.train.onpolicy (``--source.type rollout``); ``update(rollout)`` is one PPO iteration:
-GAE, then ``epochs`` passes of minibatches over every (decision, denoising step) pair.
+GAE, then ``epochs`` passes of minibatches over the (decision, denoising step) pairs of the last ``ft_steps`` steps
+(all S by default).
 """
 
 from __future__ import annotations
