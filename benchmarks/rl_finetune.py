@@ -133,6 +133,8 @@ class Args:
     """online updates of arms (a) and (c)"""
     eta: float = 0.05
     """Diffusion-QL's Q weight online"""
+    chain_grad_steps: int | None = None
+    """Diffusion-QL: denoising steps the Q gradient flows through (algo.grad_steps_through_chain; default all S)"""
     qc_samples: int = 32
     """QC's best-of-N: chunks sampled per decision"""
     env_steps: int = 0
@@ -245,6 +247,9 @@ def main() -> None:
                 tag += f"m{args.qc_candidate_margin:g}" if args.qc_candidate_margin else ""
             else:
                 spec, tag = {"type": "diffusion-ql", "eta": eta}, f"eta{eta:g}"
+                if args.chain_grad_steps is not None:  # truncated backprop through the DDIM chain
+                    spec["grad_steps_through_chain"] = args.chain_grad_steps
+                    tag += f"_k{args.chain_grad_steps}"
             budget = f"_{args.env_steps // 1000}k" if args.env_steps else ""
             budget += f"_r{args.env_steps_per_update:g}" if args.env_steps_per_update and algo != "dppo" else ""
             budget += f"_off{args.offline_share:g}" if args.offline_share and init else ""
@@ -298,6 +303,7 @@ def main() -> None:
         "reward": REWARD,
         "eta": args.eta,
         "qc_samples": args.qc_samples,
+        "chain_grad_steps": args.chain_grad_steps,
         "env_step_budget": args.env_steps or None,
         "scratch_eta": scratch_eta,
         "bc_data": args.bc_data,
