@@ -1,21 +1,7 @@
 """Append-only zarr episode store whose `meta/episode_ends` column is the commit marker (crash-safe writes).
 
-On-disk layout (zarr v3, local directory; N = committed steps, E = committed episodes)::
-
-    <path>/zarr.json            group attrs: dmrl_format_version=1, env_id, obs_modes, action_meaning,
-                                action_dim, obs_spec {mode: {"shape": [...], "dtype": "uint8"}}, + extra_attrs
-    data/obs/<mode>             (N, ...)  per-step observation, one array per mode in ARRAY_MODES
-    data/actions                (N, Da) float32
-    data/rewards                (N,) float32
-    data/terminals              (N,) bool, only where attr terminals=true (create(terminals=True)): a per-step
-                                terminal for TD backups in a recording that goes on past it (Episode.terminals)
-    final/<mode>                (E, ...)  observation after each episode's last action
-    meta/success|terminated|truncated (E,) bool · meta/return (E,) float32 · meta/seed (E,) int64
-    meta/<text>/utf8, /ends     ragged UTF-8 strings, text in (instruction, info as JSON)
-    meta/<task key>             the task's own per-episode values (attr episode_info, see types.InfoField): a
-                                categorical one as (E,) int8 codes, a text one as ragged UTF-8 like the above.
-                                A store without the attr is MultiPath's: route (int8 code into ROUTES), target.
-    meta/episode_ends           (E,) int64 cumulative end step, fill -1; written LAST = the commit
+The on-disk layout is in dmrl.data.store_format; the read accessors are dmrl.data.store_reader's `StoreReader`.
+This module holds the store's life cycle (create, open, lock, close) and its commit protocol (append, load, repair).
 
 Why this is crash-safe: zarr's LocalStore writes every chunk and metadata file to a temp file and renames
 it into place, so a SIGKILL leaves each file either old or new, never torn. `append` writes all data first
@@ -33,7 +19,6 @@ import json
 import shutil
 import signal
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,42 +31,44 @@ from dmrl.data._zarr_utils import (
     StoreError,
     StoreExistsError,
     clear_partial_files,
-    episode_chunks,
     lock_writer,
     read_root_attrs,
     require_array,
-    step_chunks,
     write_batch,
     write_rows,
 )
+from dmrl.data.store_format import (
+    FORMAT_VERSION,
+    LEGACY_EPISODE_INFO,
+    META_COLUMNS,
+    TEXT_COLUMNS,
+    ObsSpec,
+    check_create_args,
+    check_episode,
+    create_arrays,
+    parse_attrs,
+    parse_episode_info,
+    root_attrs,
+)
+from dmrl.data.store_reader import StoreReader
 from dmrl.paths import is_disk_full
-from dmrl.types import ARRAY_MODES, ROUTES, Episode, InfoField, parse_obs_modes
+from dmrl.types import ARRAY_MODES, Episode, InfoField
 
-FORMAT_VERSION = 1
-#: Per-episode numeric columns and their stored dtypes (besides `episode_ends`).
-META_COLUMNS: dict[str, str] = {
-    "success": "bool",
-    "return": "float32",
-    "seed": "int64",
-    "terminated": "bool",
-    "truncated": "bool",
-}
-#: Per-episode strings. Stored as ragged UTF-8 (a uint8 byte array + int64 end offsets) rather than zarr's
-#: string dtype: plain numeric arrays are core zarr v3, behave the same on numpy 1.26 and 2.x, and take
-#: part in the same resize/truncate commit logic as every other column.
-TEXT_COLUMNS: tuple[str, ...] = ("instruction", "info")
-_RESERVED_ATTRS = ("dmrl_format_version", "env_id", "obs_modes", "action_meaning", "action_dim", "obs_spec")
-#: Attributes of optional parts; a store without them (written before they existed) has none of those parts.
-_OPTIONAL_ATTRS = ("episode_info", "terminals")
-#: The task columns of a store written before task metadata existed (all of them MultiPath's); also the default
-#: of `create`, so that callers written before then keep writing the same layout.
-LEGACY_EPISODE_INFO: dict[str, InfoField] = {"route": InfoField(categories=ROUTES), "target": InfoField()}
-
-ObsSpec = dict[str, tuple[tuple[int, ...], str]]
+# Re-exported: the store's public names have always been importable from here.
+__all__ = [
+    "FORMAT_VERSION",
+    "LEGACY_EPISODE_INFO",
+    "META_COLUMNS",
+    "TEXT_COLUMNS",
+    "EpisodeStore",
+    "ObsSpec",
+    "sigint_deferred",
+]
 
 
-class EpisodeStore:
-    """A directory of episodes: create/open it, `append(Episode)`, read episodes, meta columns and arrays."""
+class EpisodeStore(StoreReader):
+    """A directory of episodes: create/open it, `append(Episode)`, read episodes, meta columns and arrays
+    (the reads: `StoreReader`)."""
 
     def __init__(self, path: Path, root: zarr.Group, mode: str) -> None:
         # Use EpisodeStore.create / EpisodeStore.open; this only wires up already-validated state.
@@ -89,9 +76,9 @@ class EpisodeStore:
         self.mode = mode
         self._root = root
         self._lock: weakref.finalize | None = None  # the writer lock's release (mode "a"), run once
-        self._attrs = _parse_attrs(path, dict(root.attrs))
+        self._attrs = parse_attrs(path, dict(root.attrs))
         self.array_modes: tuple[str, ...] = tuple(m for m in self.obs_modes if m in ARRAY_MODES)
-        self.episode_info: dict[str, InfoField] = _episode_info(path, self._attrs)
+        self.episode_info: dict[str, InfoField] = parse_episode_info(path, self._attrs)
         cats = {k: "int8" for k, f in self.episode_info.items() if f.categories is not None}
         self._meta_dtypes: dict[str, str] = {**META_COLUMNS, **cats}
         self._text_names = (*TEXT_COLUMNS, *(k for k, f in self.episode_info.items() if f.categories is None))
@@ -120,19 +107,14 @@ class EpisodeStore:
         (data/terminals); every appended episode must then carry ``Episode.terminals``.
         """
         path = Path(path)
-        info_spec = dict(LEGACY_EPISODE_INFO if episode_info is None else episode_info)
-        taken = sorted(set(info_spec) & {*META_COLUMNS, *TEXT_COLUMNS, "episode_ends"})
-        if taken:
-            raise ValueError(f"episode_info: keys {taken} clash with the store's own columns; rename them")
-        modes = parse_obs_modes(obs_modes)
-        array_modes = [m for m in modes if m in ARRAY_MODES]
-        if sorted(obs_spec) != sorted(array_modes):
-            raise ValueError(f"obs_spec keys {sorted(obs_spec)} must equal the array obs_modes {array_modes}")
-        if len(action_meaning) != action_dim:
-            raise ValueError(f"action_meaning has {len(action_meaning)} names but action_dim is {action_dim}")
-        clash = sorted(set(extra_attrs or {}) & {*_RESERVED_ATTRS, *_OPTIONAL_ATTRS})
-        if clash:
-            raise ValueError(f"extra_attrs may not redefine reserved store attributes {clash}")
+        modes, info_spec = check_create_args(
+            obs_modes=obs_modes,
+            action_meaning=action_meaning,
+            obs_spec=obs_spec,
+            action_dim=action_dim,
+            extra_attrs=extra_attrs,
+            episode_info=episode_info,
+        )
         if path.exists():
             if not overwrite:
                 raise StoreExistsError(
@@ -148,42 +130,20 @@ class EpisodeStore:
                 shutil.rmtree(path)
             finally:
                 release_old()
-        attrs = {
-            "dmrl_format_version": FORMAT_VERSION,
-            "env_id": env_id,
-            "obs_modes": list(modes),
-            "action_meaning": list(action_meaning),
-            "action_dim": int(action_dim),
-            "obs_spec": {
-                m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name} for m in array_modes
-            },
-            "episode_info": {k: f.to_json() for k, f in info_spec.items()},
-            **({"terminals": True} if terminals else {}),
-            **(extra_attrs or {}),
-        }
+        attrs = root_attrs(
+            env_id=env_id,
+            obs_modes=modes,
+            action_meaning=action_meaning,
+            obs_spec=obs_spec,
+            action_dim=action_dim,
+            info_spec=info_spec,
+            terminals=terminals,
+            extra_attrs=extra_attrs,
+        )
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
         release = lock_writer(path)
-
-        def new(name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0) -> None:
-            root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill)
-
         try:
-            for m in array_modes:
-                shape, dtype = tuple(obs_spec[m][0]), np.dtype(obs_spec[m][1]).name
-                new(f"data/obs/{m}", (0, *shape), step_chunks(shape, dtype), dtype)
-                new(f"final/{m}", (0, *shape), episode_chunks(shape, dtype), dtype)
-            new("data/actions", (0, action_dim), step_chunks((action_dim,), "float32"), "float32")
-            new("data/rewards", (0,), step_chunks((), "float32"), "float32")
-            if terminals:
-                new("data/terminals", (0,), step_chunks((), "bool"), "bool", fill=False)
-            categorical = [k for k, f in info_spec.items() if f.categories is not None]
-            for name, dtype in {**META_COLUMNS, **dict.fromkeys(categorical, "int8")}.items():
-                new(f"meta/{name}", (0,), episode_chunks((), dtype), dtype)
-            for name in (*TEXT_COLUMNS, *(k for k in info_spec if k not in categorical)):
-                new(f"meta/{name}/utf8", (0,), (1 << 16,), "uint8")
-                new(f"meta/{name}/ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
-            # The -1 fill is what makes an entry whose chunk never got written read as "not committed".
-            new("meta/episode_ends", (0,), episode_chunks((), "int64"), "int64", fill=-1)
+            create_arrays(root, obs_spec, info_spec, action_dim=action_dim, terminals=terminals)
             store = cls(path, root, "a")
         except BaseException as e:
             release()
@@ -300,7 +260,14 @@ class EpisodeStore:
         """Write one episode and commit it; returns its index. Validates it against the store's spec first."""
         if self.mode != "a":
             raise StoreError(f"dmrl store {self.path}: opened read-only; open with mode='a' to append")
-        self._validate(ep)
+        check_episode(
+            ep,
+            path=self.path,
+            obs_spec=self.obs_spec,
+            action_dim=self.action_dim,
+            episode_info=self.episode_info,
+            has_terminals=self.has_terminals,
+        )
         s0, e = self.n_steps, self.n_episodes
         # Offsets come from the committed counters, so a failed earlier append (e.g. Ctrl-C) is overwritten.
         writes: list[tuple[zarr.Array, int, np.ndarray]] = []
@@ -351,258 +318,10 @@ class EpisodeStore:
             self._text_bytes[name] += len(text.encode("utf-8"))
         return e
 
-    def _validate(self, ep: Episode) -> None:
-        spec = self.obs_spec
-        for label, d, lead in (("obs", ep.obs, (ep.length,)), ("final_obs", ep.final_obs, ())):
-            extra = sorted(set(d) - set(spec))
-            if extra:
-                raise ValueError(
-                    f"Episode.{label}[{extra[0]!r}]: store {self.path} has no such modality "
-                    f"(store has: {', '.join(spec) or 'none'})"
-                )
-            for m, (shape, dtype) in spec.items():
-                if m not in d:
-                    raise ValueError(f"Episode.{label}[{m!r}]: missing; store {self.path} expects it")
-                x = d[m]
-                if x.shape != (*lead, *shape) or x.dtype != np.dtype(dtype):
-                    raise ValueError(
-                        f"Episode.{label}[{m!r}]: got {x.dtype}{list(x.shape)}, "
-                        f"store expects {dtype}{list((*lead, *shape))}"
-                    )
-        if ep.actions.shape[1] != self.action_dim:
-            raise ValueError(f"Episode.actions: got Da={ep.actions.shape[1]}, store expects {self.action_dim}")
-        have, want = set(ep.task_info), set(self.episode_info)
-        if have != want:
-            raise ValueError(
-                f"Episode.task_info: got keys {sorted(have)}; store {self.path} keeps {sorted(want)} "
-                "(the task's registered episode_info)"
-            )
-        for k, f in self.episode_info.items():
-            f.check(k, ep.task_info[k])
-        if self.has_terminals != (ep.terminals is not None):
-            has = "keeps" if self.has_terminals else "keeps no"
-            raise ValueError(
-                f"Episode.terminals: got {'none' if ep.terminals is None else 'some'}; store {self.path} {has} "
-                "per-step terminals (data/terminals); write to a store made with the same env (or re-collect)"
-            )
-        term = None if ep.terminals is None else np.asarray(ep.terminals)  # Episode checks it; a later edit may not
-        if term is not None and (term.shape != (ep.length,) or term.dtype != np.bool_):
-            raise ValueError(f"Episode.terminals: got {term.dtype}{list(term.shape)}, store expects bool[{ep.length}]")
-
-    # ------------------------------------------------------------------ reading
-    @property
-    def attrs(self) -> dict[str, Any]:
-        """Store attributes (obs_spec as {mode: (shape tuple, dtype str)}); a copy."""
-        return {**self._attrs, "obs_spec": self.obs_spec}
-
-    @property
-    def obs_modes(self) -> tuple[str, ...]:
-        return tuple(self._attrs["obs_modes"])
-
-    @property
-    def obs_spec(self) -> ObsSpec:
-        return {m: (tuple(v["shape"]), v["dtype"]) for m, v in self._attrs["obs_spec"].items()}
-
-    @property
-    def action_dim(self) -> int:
-        return int(self._attrs["action_dim"])
-
-    @property
-    def has_terminals(self) -> bool:
-        """Whether the store keeps a per-step terminal (data/terminals; stores before it never do)."""
-        return bool(self._attrs.get("terminals", False))
-
-    def _optional_steps(self) -> list[zarr.Array]:
-        return [] if self._terminals is None else [self._terminals]
-
-    @property
-    def n_episodes(self) -> int:
-        return len(self._ends)
-
-    @property
-    def n_steps(self) -> int:
-        return self._ends[-1] if self._ends else 0
-
-    @property
-    def episode_ends(self) -> np.ndarray:
-        """(E,) int64 cumulative end step of each committed episode."""
-        return np.asarray(self._ends, dtype=np.int64)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        """(E,) int64 steps per episode."""
-        return np.diff(self.episode_ends, prepend=0)
-
-    def meta(self, name: str) -> np.ndarray:
-        """(E,) one per-episode column: success, return, seed, terminated, truncated, or a categorical task
-        column's int8 codes (MultiPath: route)."""
-        if name not in self._meta_dtypes:
-            raise KeyError(f"meta column {name!r} unknown; have: {', '.join(self._meta_dtypes)}")
-        return np.asarray(self._meta[name], dtype=self._meta_dtypes[name])
-
-    @property
-    def success(self) -> np.ndarray:
-        """(E,) bool"""
-        return self.meta("success")
-
-    @property
-    def returns(self) -> np.ndarray:
-        """(E,) float32 undiscounted episode return"""
-        return self.meta("return")
-
-    @property
-    def seeds(self) -> np.ndarray:
-        """(E,) int64 reset seed of each episode"""
-        return self.meta("seed")
-
-    @property
-    def terminated(self) -> np.ndarray:
-        """(E,) bool"""
-        return self.meta("terminated")
-
-    @property
-    def truncated(self) -> np.ndarray:
-        """(E,) bool"""
-        return self.meta("truncated")
-
-    def task_values(self, name: str) -> list[Any]:
-        """Each episode's value of the task's own key ``name`` (one of ``episode_info``)."""
-        if name not in self.episode_info:
-            raise StoreError(
-                f"dmrl store {self.path}: no per-episode {name!r} (its task keeps: "
-                f"{', '.join(self.episode_info) or 'none'})"
-            )
-        return [self._task_value(name, i) for i in range(self.n_episodes)]
-
-    def _task_value(self, name: str, i: int) -> Any:
-        cats = self.episode_info[name].categories
-        return self._text[name][i] if cats is None else cats[int(self._meta[name][i])]
-
-    def routes(self) -> list[str | None]:
-        """MultiPath: each episode's route (left, right or None)."""
-        return self.task_values("route")
-
-    def instructions(self) -> list[str]:
-        return list(self._text["instruction"])
-
-    def targets(self) -> list[str]:
-        """MultiPath: each episode's named cup."""
-        return self.task_values("target")
-
-    def infos(self) -> list[dict[str, float]]:
-        """Each episode's ``info`` dict (e.g. collision, first_step of a recovery episode)."""
-        return [json.loads(t) for t in self._text["info"]]
-
-    def episode_slice(self, i: int) -> slice:
-        """Step rows [start, end) of episode i (negative i counts from the end)."""
-        n = self.n_episodes
-        if not -n <= i < n:
-            raise IndexError(f"episode {i} out of range; store {self.path} has {n} episodes")
-        i %= n
-        return slice(self._ends[i - 1] if i else 0, self._ends[i])
-
-    def episode(self, i: int) -> Episode:
-        """Read episode i back as an `Episode` (equal to what was appended)."""
-        sl = self.episode_slice(i)
-        i = i % self.n_episodes
-        return Episode(
-            obs={m: np.asarray(self._obs[m][sl]) for m in self.array_modes},
-            final_obs={m: np.asarray(self._final[m][i]) for m in self.array_modes},
-            actions=np.asarray(self._actions[sl]),
-            rewards=np.asarray(self._rewards[sl]),
-            terminated=bool(self._meta["terminated"][i]),
-            truncated=bool(self._meta["truncated"][i]),
-            instruction=self._text["instruction"][i],
-            success=bool(self._meta["success"][i]),
-            seed=int(self._meta["seed"][i]),
-            info=json.loads(self._text["info"][i]),
-            task_info={k: self._task_value(k, i) for k in self.episode_info},
-            terminals=None if self._terminals is None else np.asarray(self._terminals[sl], dtype=bool),
-        )
-
-    def final_array(self, name: str) -> zarr.Array:
-        """(E, ...) zarr array of a modality's observation after each episode's last action (rows beyond
-        `n_episodes` are uncommitted)."""
-        if name not in self._final:
-            raise StoreError(
-                f"dmrl store {self.path}: no final observation {name!r} "
-                f"(store has: {', '.join(self.array_modes) or 'none'})"
-            )
-        return self._final[name]
-
-    def array(self, name: str) -> zarr.Array:
-        """The zarr array of a modality, "actions", "rewards" or "terminals" (rows beyond `n_steps` are
-        uncommitted)."""
-        if name == "actions":
-            return self._actions
-        if name == "rewards":
-            return self._rewards
-        if name == "terminals":
-            if self._terminals is None:
-                raise StoreError(
-                    f"dmrl store {self.path}: no per-step terminals (written before they existed, or by an env that "
-                    "reports none); re-collect it to have them"
-                )
-            return self._terminals
-        if name not in self._obs:
-            raise StoreError(
-                f"dmrl store {self.path}: no modality {name!r} "
-                f"(store has: {', '.join(self.array_modes) or 'none'}); "
-                f"collect with --obs-modes including {name}"
-            )
-        return self._obs[name]
-
-    def summary(self) -> dict[str, Any]:
-        """Headline numbers: episodes, steps, success rate, route counts (a task with routes), mean return and
-        length."""
-        n = self.n_episodes
-        out: dict[str, Any] = {
-            "env_id": self._attrs["env_id"],
-            "episodes": n,
-            "steps": self.n_steps,
-            "success_rate": float(self.success.mean()) if n else 0.0,
-        }
-        if "route" in self.episode_info:
-            counts = Counter(r or "none" for r in self.routes())
-            out["routes"] = {k: counts.get(k, 0) for k in ("left", "right", "none")}
-        out["mean_return"] = float(self.returns.mean()) if n else 0.0
-        out["mean_length"] = float(self.lengths.mean()) if n else 0.0
-        return out
-
-    def __repr__(self) -> str:
-        n, steps = self.n_episodes, self.n_steps
-        return f"EpisodeStore({str(self.path)!r}, mode={self.mode!r}, episodes={n}, steps={steps})"
-
 
 def _resize_rows(arr: zarr.Array, n: int) -> None:
     if arr.shape[0] != n:
         arr.resize((n, *arr.shape[1:]))
-
-
-def _parse_attrs(path: Path, attrs: dict[str, Any]) -> dict[str, Any]:
-    for key in _RESERVED_ATTRS:
-        if key not in attrs:
-            raise StoreError(f"dmrl store {path}: missing attribute {key!r}; {CORRUPT_HINT}")
-    spec = attrs["obs_spec"]
-    array_modes = [m for m in attrs["obs_modes"] if m in ARRAY_MODES]
-    if not isinstance(spec, dict) or any(not {"shape", "dtype"} <= set(spec.get(m, {})) for m in array_modes):
-        raise StoreError(f"dmrl store {path}: corrupt attribute 'obs_spec' ({CORRUPT_HINT})")
-    if attrs["dmrl_format_version"] != FORMAT_VERSION:
-        raise StoreError(
-            f"dmrl store {path}: format version {attrs['dmrl_format_version']!r}, "
-            f"this dmrl reads {FORMAT_VERSION}; re-run dmrl collect"
-        )
-    return attrs
-
-
-def _episode_info(path: Path, attrs: dict[str, Any]) -> dict[str, InfoField]:
-    """The store's task columns from its ``episode_info`` attr; a store from before the attr is MultiPath's."""
-    doc = attrs.get("episode_info")
-    if doc is None:
-        return dict(LEGACY_EPISODE_INFO)
-    if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
-        raise StoreError(f"dmrl store {path}: corrupt attribute 'episode_info' ({CORRUPT_HINT})")
-    return {k: InfoField.from_json(v) for k, v in doc.items()}
 
 
 @contextlib.contextmanager
