@@ -101,23 +101,58 @@ def _parse(cls: type, argv: list[str], prog: str, default=None):
     """tyro parsing, with its boxed multi-line errors turned into the one line every dmrl error is.
 
     ``--FIELD.type NAME`` flags of choice fields (e.g. --policy.type) are applied first; the parser then sees the
-    config class narrowed to the chosen types, so its flags and help are those of the chosen policy/algorithm."""
+    config class narrowed to the chosen types, so its flags and help are those of the chosen policy/algorithm, less
+    the config's own fields that those types ignore (its ``inapplicable()``, e.g. train's --batch-size under dppo)."""
     from dmrl.config_utils import choices, cli_type, pop_type_flags
 
-    parsed_type = cls
+    parsed_type, registry = cls, None
     if choices(cls) or getattr(cls, "__parameters__", ()):  # choice fields, or generic ones (compare: train)
         default = cls() if default is None else default
         default, argv = pop_type_flags(default, argv)
         parsed_type = cli_type(cls, default)
+        hidden = default.inapplicable() if hasattr(default, "inapplicable") else {}
+        for name, why in hidden.items():
+            flag = "--" + name.replace("_", "-")
+            if any(a.split("=", 1)[0].replace("_", "-") == flag for a in argv):
+                raise ValueError(f"{flag} does not apply: {why}; drop it")
+        registry = _hiding(default, tuple(hidden)) if hidden else None
     buf = io.StringIO()
     try:
         with contextlib.redirect_stderr(buf):
-            return tyro.cli(parsed_type, args=argv, prog=prog, default=default)
+            return tyro.cli(parsed_type, args=argv, prog=prog, default=default, registry=registry)
     except SystemExit as e:
         if e.code in (0, None):
             raise
         print(f"dmrl: error: {_first_message(buf.getvalue(), prog)}", file=sys.stderr)
         return None
+
+
+def _hiding(default: object, names: tuple[str, ...]) -> tyro.constructors.ConstructorRegistry:
+    """A tyro registry under which the top-level config ``default`` lacks the flags of its fields ``names`` (they
+    keep ``default``'s values): tyro's own spec of that struct, those fields marked Suppress."""
+    import dataclasses
+    from typing import Annotated
+
+    registry, busy = tyro.constructors.ConstructorRegistry(), []
+
+    @registry.struct_rule
+    def hide(info: tyro.constructors.StructTypeInfo) -> tyro.constructors.StructConstructorSpec | None:
+        if info.default is not default or busy:  # nested structs, and the call below: tyro's default rules
+            return None
+        busy.append(True)
+        try:
+            spec = tyro.constructors.ConstructorRegistry.get_struct_spec(info)
+        finally:
+            busy.pop()
+        if not isinstance(spec, tyro.constructors.StructConstructorSpec):
+            return None
+        fields = [
+            dataclasses.replace(f, type=Annotated[f.type, tyro.conf.Suppress]) if f.name in names else f
+            for f in spec.fields
+        ]
+        return dataclasses.replace(spec, fields=tuple(fields))
+
+    return registry
 
 
 def _first_message(text: str, prog: str) -> str:

@@ -12,6 +12,7 @@ import pytest
 import torch
 from online_tiny import DIFFUSION, TINY, collect_tiny
 
+from dmrl.cli import main
 from dmrl.config_utils import merge
 from dmrl.data import EpisodeStore
 from dmrl.train.config import TrainConfig
@@ -107,6 +108,27 @@ def test_dppo_trains_on_rollouts_within_its_env_step_budget(tmp_path, dataset):
 def test_dppo_and_rollouts_go_together(dataset, algo, source):
     with pytest.raises(ValueError, match="on-policy rollouts are for --algo.type dppo"):
         _cfg(dataset, "x", algo={"type": algo}, source={"type": source})
+
+
+def test_dppo_has_no_batch_size_flag(tmp_path, monkeypatch, capsys):
+    # dppo ignores --batch-size (its batches are its rollouts, cut in --algo.minibatch): train --help lists it only
+    # for the other algorithms, passing it is a one-line error, and a preset's value stays harmlessly.
+    dppo = ["train", "--algo.type", "dppo", "--source.type", "rollout"]
+    for argv, listed in ((dppo, False), (["train"], True)):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--help"])
+        assert e.value.code == 0 and ("--batch-size" in capsys.readouterr().out) == listed
+    for flag in (["--batch-size", "64"], ["--batch_size=64"]):
+        assert main([*dppo, *flag]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--batch-size does not apply" in err[0] and "--algo.minibatch" in err[0], err
+    got: list[TrainConfig] = []
+    monkeypatch.setattr("dmrl.train.run.train", lambda cfg: got.append(cfg) or {})
+    preset = tmp_path / "p.yaml"
+    preset.write_text("batch_size: 128\n")
+    assert main([*dppo, "--config", str(preset), "--steps", "3"]) == 0
+    assert (got[0].algo_type, got[0].batch_size, got[0].steps) == ("dppo", 128, 3)
+    assert main(["train", "--batch-size", "64", "--steps", "3"]) == 0 and got[1].batch_size == 64
 
 
 def test_a_resumed_dppo_run_keeps_its_env_step_count(tmp_path, dataset, monkeypatch):

@@ -203,7 +203,7 @@ class TrainConfig(Generic[P, A, S, C]):
     steps: int = 5000
     """Optimizer steps (online: updates)."""
     batch_size: int = 256
-    """Samples per step over all ranks."""
+    """Samples per step over all ranks (not dppo: see --algo.minibatch)."""
     seed: int = 0
     """RNG seed (init, data order, noise)."""
     init: Path | None = None
@@ -279,6 +279,17 @@ class TrainConfig(Generic[P, A, S, C]):
             )
         if isinstance(self.source, OfflineConfig) and self.source.cache_images and self.batches != "windows":
             raise ValueError("--source.cache-images is for behaviour cloning's windows; RL transitions read the store")
+
+    def inapplicable(self) -> dict[str, str]:
+        """{field: why} of this config's own fields that the chosen types ignore: the CLI hides them from --help
+        and refuses their flags (a preset's value is kept, unused)."""
+        if self.batches == "rollouts":
+            why = (
+                f"--algo.type {self.algo_type} trains on whole rollouts (--source.n-envs x --source.decisions), "
+                "in minibatches of --algo.minibatch"
+            )
+            return {"batch_size": why}
+        return {}
 
     @property
     def policy_type(self) -> str:
