@@ -41,14 +41,9 @@ def make_episode(seed: int, length: int | None = None) -> Episode:
 
 
 def create_store(path: str | Path, **kw) -> EpisodeStore:
+    kw = {"obs_spec": OBS_SPEC, **kw}
     return EpisodeStore.create(
-        path,
-        env_id="dmrl/Test-v0",
-        obs_modes=OBS_MODES,
-        action_meaning=["dx", "dy", "grip"],
-        obs_spec=OBS_SPEC,
-        action_dim=DA,
-        **kw,
+        path, env_id="dmrl/Test-v0", obs_modes=OBS_MODES, action_meaning=["dx", "dy", "grip"], action_dim=DA, **kw
     )
 
 

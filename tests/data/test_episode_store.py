@@ -186,3 +186,10 @@ def test_task_info_is_the_tasks_own(store_path):
     plain.task_info = {}
     empty.append(plain)
     assert EpisodeStore.open(empty.path).episode(0).task_info == {}
+
+
+def test_overwrite_with_bad_spec_keeps_the_old_store(filled_store, store_path):
+    bad = {**OBS_SPEC, "state": (OBS_SPEC["state"][0], "float33")}
+    with pytest.raises(ValueError, match=r"obs_spec\['state'\]: dtype 'float33'"):
+        create_store(store_path, obs_spec=bad, overwrite=True)
+    assert EpisodeStore.open(store_path).n_episodes == 4  # checked before the old store was deleted

@@ -74,6 +74,11 @@ def check_create_args(
     array_modes = [m for m in modes if m in ARRAY_MODES]
     if sorted(obs_spec) != sorted(array_modes):
         raise ValueError(f"obs_spec keys {sorted(obs_spec)} must equal the array obs_modes {array_modes}")
+    for m, (_, dtype) in obs_spec.items():  # checked before an --overwrite deletes the old store
+        try:
+            np.dtype(dtype)
+        except TypeError:
+            raise ValueError(f"obs_spec[{m!r}]: dtype {dtype!r} is not a numpy dtype (e.g. 'float32')") from None
     if len(action_meaning) != action_dim:
         raise ValueError(f"action_meaning has {len(action_meaning)} names but action_dim is {action_dim}")
     clash = sorted(set(extra_attrs or {}) & {*RESERVED_ATTRS, *OPTIONAL_ATTRS})
