@@ -136,9 +136,10 @@ FINETUNE_LABELS = {
 OFFLINE_HEADLINE = ("bc", "diffusion-ql-aw", "qc", "diffusion-ql-aw-bon")
 FINETUNE_HEADLINE = ("bc", "bc_rl", "qc")
 #: Equal env steps and updates (200k env steps at 20 per update): (results file, arm, label).
-PACE_HEADLINE = (
-    ("rl_finetune_pace", "bc_rl", "self-imitation (eta 0)"),
-    ("rl_finetune_pace_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation"),
+PACE_HEADLINE = (  # (results name, arm, label, env-step budget)
+    ("rl_finetune_pace", "bc_rl", "self-imitation (eta 0)", "200k"),
+    ("rl_finetune_pace_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation", "200k"),
+    ("rl_finetune_pace500k_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation", "500k"),
 )
 
 
@@ -167,10 +168,10 @@ def headline(res: Results, prefix: str) -> str:
         r = res.row("rl_finetune", "arm", arm)
         rate = success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"])
         rows.append(["online fine-tuning (Grasp, 20 weak demos)", FINETUNE_LABELS[arm], rate, str(r["episodes"]), src])
-    for name, arm, label in PACE_HEADLINE:
+    for name, arm, label, budget in PACE_HEADLINE:
         r = res.row(name, "arm", arm)
         rate = success(r["final_success"], r["ci_low"], r["ci_high"], r["episodes"])
-        bench = "online fine-tuning, equal updates (Grasp, 200k env steps)"
+        bench = f"online fine-tuning, 20 env steps per update (Grasp, {budget} env steps)"
         rows.append([bench, f"BC → online, {label}", rate, str(r["episodes"]), link(prefix, name)])
     src = link(prefix, "experts")
     for env in ("dmrl/MultiPathGrasp-v0", "dmrl/MultiPathReach-v0"):
