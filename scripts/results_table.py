@@ -135,8 +135,8 @@ FINETUNE_LABELS = {
 }
 OFFLINE_HEADLINE = ("bc", "diffusion-ql-aw", "qc", "diffusion-ql-aw-bon")
 FINETUNE_HEADLINE = ("bc", "bc_rl", "qc")
-#: Equal env steps and updates (200k env steps at 20 per update): (results file, arm, label).
-PACE_HEADLINE = (  # (results name, arm, label, env-step budget)
+#: Online at a fixed replay ratio (20 env steps per update): (results file, arm, label, env-step budget).
+PACE_HEADLINE = (
     ("rl_finetune_pace", "bc_rl", "self-imitation (eta 0)", "200k"),
     ("rl_finetune_pace_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation", "200k"),
     ("rl_finetune_pace500k_eta0.001", "bc_rl", "Q term (Diffusion-QL eta 0.001) + self-imitation", "500k"),
