@@ -115,6 +115,17 @@ class EpisodeStore(StoreReader):
             extra_attrs=extra_attrs,
             episode_info=episode_info,
         )
+        # Built before an --overwrite deletes anything, so whatever fails here leaves the old store in place.
+        attrs = root_attrs(
+            env_id=env_id,
+            obs_modes=modes,
+            action_meaning=action_meaning,
+            obs_spec=obs_spec,
+            action_dim=action_dim,
+            info_spec=info_spec,
+            terminals=terminals,
+            extra_attrs=extra_attrs,
+        )
         if path.exists():
             if not overwrite:
                 raise StoreExistsError(
@@ -130,16 +141,6 @@ class EpisodeStore(StoreReader):
                 shutil.rmtree(path)
             finally:
                 release_old()
-        attrs = root_attrs(
-            env_id=env_id,
-            obs_modes=modes,
-            action_meaning=action_meaning,
-            obs_spec=obs_spec,
-            action_dim=action_dim,
-            info_spec=info_spec,
-            terminals=terminals,
-            extra_attrs=extra_attrs,
-        )
         root = zarr.open_group(str(path), mode="w-", attributes=attrs)
         release = lock_writer(path)
         try:
