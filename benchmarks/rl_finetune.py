@@ -197,6 +197,9 @@ def main() -> None:
     t0 = time.perf_counter()
     scratch_eta = args.eta if args.scratch_eta is None else args.scratch_eta
     first_seed = 200_000 if args.selection else 100_000  # curves and final evaluation
+    chain = template(args.config).policy.num_inference_steps
+    if args.chain_grad_steps is not None and not 1 <= args.chain_grad_steps <= chain:
+        sys.exit(f"--chain-grad-steps: got {args.chain_grad_steps}; allowed 1..{chain} (the preset's DDIM steps)")
     data = make_weak(args.out / ("weak.zarr" if REWARD == REWARD_V1 else f"weak_{REWARD}.zarr"), args.demos)
     results: dict[str, list[dict]] = {a: [] for a in args.arms}
     curves: dict[str, list] = {a: [] for a in args.arms if a != "bc"}
