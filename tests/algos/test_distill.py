@@ -185,3 +185,61 @@ def test_benchmark_pools_seeds_and_pairs_each_episode_with_the_teachers(bench):
     # Episode (0, 11) and (1, 13): the teacher succeeded, the student did not; (0, 10) failed for both.
     assert student["teacher_minus"] == 2 / 8
     assert student["teacher_minus_ci_low"] <= 2 / 8 <= student["teacher_minus_ci_high"]
+
+
+def test_a_labelled_batch_gives_the_loss_of_the_chain_it_carries():
+    import torch
+
+    student = _student(1)
+    torch.manual_seed(1)
+    with torch.no_grad():  # the zero-initialised heads would make every chunk, and the loss, 0
+        for p in [*student.parameters(), *student._teacher.module.parameters()]:
+            p.normal_(0.0, 0.2)
+    batch = {"obs": {"state": torch.randn(6, 2, 3)}, "action": torch.zeros(6, 8, 2)}
+    torch.manual_seed(0)
+    fresh = student.loss(batch)  # draws z, runs the chain, then draws the chain points
+    torch.manual_seed(0)
+    z = torch.randn(6, 8, 2)
+    points, chunk = student.teacher_chain(batch["obs"], z)
+    labelled = student.loss(batch | {"teacher_points": points.transpose(0, 1), "teacher_chunk": chunk})
+    torch.testing.assert_close(labelled["loss"], fresh["loss"])
+    assert labelled["loss"] > 0
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_label_reuse_runs_the_teachers_chain_once_per_reuse_steps(tmp_path, teacher, monkeypatch, accumulate):
+    from dmrl.algos.distill import Distill
+    from dmrl.policies.student import StudentPolicy
+
+    calls: list[tuple[int, int]] = []  # (update, items) of each chain run inside an update (not validation's)
+    state = {"update": 0, "inside": False}
+    chain, update = StudentPolicy.teacher_chain, Distill.update
+
+    def counted_chain(self, obs, z):
+        if state["inside"]:
+            calls.append((state["update"], len(z)))
+        return chain(self, obs, z)
+
+    def counted_update(self, batch):
+        state["update"] += 1
+        state["inside"] = True
+        try:
+            return update(self, batch)
+        finally:
+            state["inside"] = False
+
+    monkeypatch.setattr(StudentPolicy, "teacher_chain", counted_chain)
+    monkeypatch.setattr(Distill, "update", counted_update)
+    out = tmp_path / "student"
+    argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--steps", "6", "--batch-size", "8"]
+    assert main([*argv, "--label-reuse", "3", "--engine.accumulate", str(accumulate)]) == 0
+    assert state["update"] == 6
+    assert calls == [(1, 8), (4, 8)]  # on the whole batch, whose labels the micro-batches split
+    losses = [json.loads(x)["loss"] for x in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in x]
+    assert losses and all(v > 0 for v in losses)
+
+
+def test_label_reuse_below_one_is_a_one_line_error(tmp_path, teacher, capsys):
+    out = tmp_path / "student"
+    assert main(["distill", "--teacher", str(teacher), "--out", str(out), "--label-reuse", "0"]) == 2
+    assert "--algo.label-reuse" in capsys.readouterr().err and not out.exists()
