@@ -49,8 +49,6 @@ class Args:
     """Distillation peak learning rate."""
     batch_size: int = 256
     """Observations per distillation step (each labelled by the teacher's whole DDIM chain: the step's main cost)."""
-    label_reuse: int = 1
-    """Distillation steps per teacher-labelled batch (dmrl distill --label-reuse)."""
     distance: str = "l2"
     """Distillation loss: l2 or pseudo_huber (dmrl distill --distance)."""
     start_fraction: float = 0.5
@@ -81,7 +79,6 @@ class Args:
         size = f"_h{self.hidden_dim}b{self.n_blocks}" if self.hidden_dim or self.n_blocks else ""
         lr = f"_lr{self.lr:g}" if self.lr != 3e-4 else ""
         lr += f"_b{self.batch_size}" if self.batch_size != 256 else ""
-        lr += f"_r{self.label_reuse}" if self.label_reuse != 1 else ""
         lr += f"_start{self.start_fraction:g}" if self.start_fraction != 0.5 else ""
         lr += "_ph" if self.distance == "pseudo_huber" else ""
         dagger = f"_d{self.dagger_rounds}x{self.dagger_episodes}e{self.dagger_steps}" if self.dagger_rounds else ""
@@ -208,7 +205,6 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
     argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
     argv += ["--start-fraction", str(args.start_fraction)] if args.start_fraction != 0.5 else []
     argv += ["--batch-size", str(args.batch_size)] if args.batch_size != 256 else []
-    argv += ["--label-reuse", str(args.label_reuse)] if args.label_reuse != 1 else []
     argv += ["--distance", args.distance] if args.distance != "l2" else []
     argv += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
     argv += ["--n-blocks", str(args.n_blocks)] if args.n_blocks else []

@@ -54,14 +54,8 @@ class DistillConfig(BCConfig):
     the rest from a point drawn uniformly on it. 1.0: a one-step student trained only where it samples (as OneDP's
     one-step generator); a two-step student needs < 1 (its second call starts mid-chain)."""
 
-    label_reuse: int = 1
-    """Optimizer steps per teacher-labelled batch: the teacher's chain (most of a step's cost) runs once, and the
-    student trains this many steps on its (noise, chain) pairs, each from freshly drawn points of the chain."""
-
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.label_reuse < 1:
-            raise ValueError(f"--algo.label-reuse: got {self.label_reuse}; allowed >= 1")
         if not 0.0 < self.visited_fraction <= 1.0:
             raise ValueError(f"--algo.visited-fraction: got {self.visited_fraction}; allowed (0, 1]")
         if self.distance not in ("l2", "pseudo_huber"):
@@ -119,29 +113,11 @@ class Distill(BC):
         super().__init__(policy, config, engine, total_steps)
         self.visited = load_windows(config.visited) if config.visited is not None else None
         self._gen = torch.Generator().manual_seed(0)
-        self._labelled: dict | None = None  # the batch whose teacher chain the next steps reuse
-        self._uses = 0
 
     def update(self, batch: dict) -> dict[str, Tensor | float]:
-        if self.config.label_reuse > 1:
-            if self._labelled is None or self._uses >= self.config.label_reuse:
-                self._labelled, self._uses = self._label(batch), 0
-            batch = self._labelled  # the loader's fresh batch waits: this step reuses the labelled one
-            self._uses += 1
-        elif self.visited is not None:
-            batch = mix_windows(batch, self.visited, self.config.visited_fraction, self._gen)
-        return super().update(batch)
-
-    def _label(self, batch: dict) -> dict:
-        """``batch`` (visited windows mixed in) with the teacher's chain from fresh noise, items first so that
-        micro-batches split it: "teacher_points" (B, S, Tp, Da), "teacher_chunk" (B, Tp, Da); the student's loss
-        reads them instead of running the chain."""
         if self.visited is not None:
             batch = mix_windows(batch, self.visited, self.config.visited_fraction, self._gen)
-        student, b = self.actor, batch["action"].shape[0]
-        z = torch.randn(b, student.chunk.horizon, student.action_dim, device=batch["action"].device)
-        points, chunk = student.teacher_chain(batch["obs"], z)
-        return batch | {"teacher_points": points.transpose(0, 1), "teacher_chunk": chunk}
+        return super().update(batch)
 
     @classmethod
     def build(cls, policy: StudentPolicy, config: DistillConfig, engine: Stepper, total_steps: int) -> Distill:

@@ -197,15 +197,12 @@ class StudentPolicy(ChunkPolicy):
         the rest)."""
         obs = batch["obs"]
         b = batch["action"].shape[0]
-        if "teacher_chunk" in batch:  # labelled once for several steps (algos.distill's label_reuse)
-            points, target = batch["teacher_points"].transpose(0, 1), batch["teacher_chunk"]
-        else:
-            z = torch.randn(b, self.chunk.horizon, self.action_dim, device=batch["action"].device)
-            points, target = self.teacher_chain(obs, z)  # (S, B, Tp, Da), (B, Tp, Da)
+        z = torch.randn(b, self.chunk.horizon, self.action_dim, device=batch["action"].device)
+        points, target = self.teacher_chain(obs, z)  # (S, B, Tp, Da), (B, Tp, Da)
         s = points.shape[0]
-        k = torch.randint(0, s, (b,), device=target.device)
-        k = torch.where(torch.rand(b, device=target.device) < self.start_fraction, torch.zeros_like(k), k)
-        x = points[k, torch.arange(b, device=target.device)]
+        k = torch.randint(0, s, (b,), device=z.device)
+        k = torch.where(torch.rand(b, device=z.device) < self.start_fraction, torch.zeros_like(k), k)
+        x = points[k, torch.arange(b, device=z.device)]
         enc = self.encode_tokens(obs)
         pred = self.denoiser(x, self.grid[k], *self._condition_from(enc)).float()
         err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B,)

@@ -57,9 +57,6 @@ class DistillCommandConfig:
     samples; a two-step student needs < 1)."""
     batch_size: int = 256
     """Observations per step (each with a fresh noise and the teacher's DDIM chain from it)."""
-    label_reuse: int = 1
-    """Optimizer steps per teacher-labelled batch (the teacher's chain is most of a step's cost; each reuse draws
-    fresh points of the chain)."""
     lr: float = 3e-4
     """AdamW peak learning rate."""
     seed: int = 0
@@ -130,7 +127,6 @@ class DistillCommandConfig:
                 visited_fraction=self.visited_fraction,
                 start_fraction=self.start_fraction,
                 distance=self.distance,
-                label_reuse=self.label_reuse,
             ),
             engine=self.engine,
         )
