@@ -43,12 +43,11 @@ from dmrl.data.store_format import (
     META_COLUMNS,
     TEXT_COLUMNS,
     ObsSpec,
-    check_create_args,
     check_episode,
     create_arrays,
+    new_store_attrs,
     parse_attrs,
     parse_episode_info,
-    root_attrs,
 )
 from dmrl.data.store_reader import StoreReader
 from dmrl.paths import is_disk_full
@@ -107,24 +106,16 @@ class EpisodeStore(StoreReader):
         (data/terminals); every appended episode must then carry ``Episode.terminals``.
         """
         path = Path(path)
-        modes, info_spec = check_create_args(
+        # Checked and built before an --overwrite deletes anything: whatever fails here leaves the old store.
+        attrs, info_spec = new_store_attrs(
+            env_id=env_id,
             obs_modes=obs_modes,
             action_meaning=action_meaning,
             obs_spec=obs_spec,
             action_dim=action_dim,
             extra_attrs=extra_attrs,
             episode_info=episode_info,
-        )
-        # Built before an --overwrite deletes anything, so whatever fails here leaves the old store in place.
-        attrs = root_attrs(
-            env_id=env_id,
-            obs_modes=modes,
-            action_meaning=action_meaning,
-            obs_spec=obs_spec,
-            action_dim=action_dim,
-            info_spec=info_spec,
             terminals=terminals,
-            extra_attrs=extra_attrs,
         )
         if path.exists():
             if not overwrite:

@@ -55,17 +55,19 @@ ObsSpec = dict[str, tuple[tuple[int, ...], str]]
 
 
 # ---------------------------------------------------------------------- a new store
-def check_create_args(
+def new_store_attrs(
     *,
+    env_id: str,
     obs_modes: tuple[str, ...] | list[str],
     action_meaning: list[str],
     obs_spec: ObsSpec,
     action_dim: int,
     extra_attrs: dict[str, Any] | None,
     episode_info: dict[str, InfoField] | None,
-) -> tuple[tuple[str, ...], dict[str, InfoField]]:
-    """`EpisodeStore.create`'s argument checks (one-line ValueError); returns (obs modes, task columns), the
-    latter LEGACY_EPISODE_INFO for ``episode_info=None``."""
+    terminals: bool,
+) -> tuple[dict[str, Any], dict[str, InfoField]]:
+    """`EpisodeStore.create`'s arguments checked (one-line ValueError) and turned into the new store's root group
+    attributes; returns (attributes, task columns), the latter LEGACY_EPISODE_INFO for ``episode_info=None``."""
     info_spec = dict(LEGACY_EPISODE_INFO if episode_info is None else episode_info)
     taken = sorted(set(info_spec) & {*META_COLUMNS, *TEXT_COLUMNS, "episode_ends"})
     if taken:
@@ -84,43 +86,25 @@ def check_create_args(
     clash = sorted(set(extra_attrs or {}) & {*RESERVED_ATTRS, *OPTIONAL_ATTRS})
     if clash:
         raise ValueError(f"extra_attrs may not redefine reserved store attributes {clash}")
-    return modes, info_spec
-
-
-def root_attrs(
-    *,
-    env_id: str,
-    obs_modes: tuple[str, ...],
-    action_meaning: list[str],
-    obs_spec: ObsSpec,
-    action_dim: int,
-    info_spec: dict[str, InfoField],
-    terminals: bool,
-    extra_attrs: dict[str, Any] | None,
-) -> dict[str, Any]:
-    """The root group attributes of a new store (arguments checked by `check_create_args`)."""
-    return {
+    attrs = {
         "dmrl_format_version": FORMAT_VERSION,
         "env_id": env_id,
-        "obs_modes": list(obs_modes),
+        "obs_modes": list(modes),
         "action_meaning": list(action_meaning),
         "action_dim": int(action_dim),
-        "obs_spec": {
-            m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name}
-            for m in obs_modes
-            if m in ARRAY_MODES
-        },
+        "obs_spec": {m: {"shape": list(obs_spec[m][0]), "dtype": np.dtype(obs_spec[m][1]).name} for m in array_modes},
         "episode_info": {k: f.to_json() for k, f in info_spec.items()},
         **({"terminals": True} if terminals else {}),
         **(extra_attrs or {}),
     }
+    return attrs, info_spec
 
 
 def create_arrays(
     root: zarr.Group, obs_spec: ObsSpec, info_spec: dict[str, InfoField], *, action_dim: int, terminals: bool
 ) -> None:
     """Create every (empty) array of a new store under `root`, as laid out in the module docstring; `obs_spec`
-    holds exactly the store's array modalities (`check_create_args` makes sure)."""
+    holds exactly the store's array modalities (`new_store_attrs` makes sure)."""
 
     def new(name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, fill: Any = 0) -> None:
         root.create_array(name, shape=shape, chunks=chunks, dtype=dtype, fill_value=fill)
