@@ -352,3 +352,53 @@ def test_aux_state_index_past_the_state_is_an_error(text):
     norm.set("joints", np.ones(6), np.zeros(6), "limits")
     with pytest.raises(ValueError, match="index 5 out of range; the state has 5 entries"):
         build_policy("gaussian", chunk, tiny_config("gaussian"), {"joints": 6}, DA, norm)
+
+
+def test_a_frozen_student_encoder_stays_in_eval_mode_and_shares_the_teachers_encoding():
+    """Distilling with the encoder frozen (dmrl distill's default): its modality dropout stays off in training (it
+    would corrupt the condition the teacher labels), and the teacher's chain reuses the student's encoding, which
+    gives the same labels and loss as encoding twice."""
+    student = make("student", "mlp", keys=IMAGES, modality_dropout=0.5)
+    teacher = student._teacher.module
+    student.copy_teacher(teacher)
+    student.freeze_encoder()
+    student.train()
+    assert not student.encoder.training and student.denoiser.training
+    assert not any(p.requires_grad for p in student.encoder.parameters())
+    assert student._shares_encoder
+    b = batch(keys=IMAGES)
+    teacher_encodings = []
+    hook = teacher.encoder.register_forward_hook(lambda *_: teacher_encodings.append(1))
+    torch.manual_seed(5)
+    shared = student.loss(b)["loss"]
+    assert teacher_encodings == []  # one encoding, the student's, served the teacher's chain
+    student._shares_encoder = False
+    torch.manual_seed(5)
+    twice = student.loss(b)["loss"]
+    hook.remove()
+    assert teacher_encodings == [1]
+    torch.testing.assert_close(shared, twice)
+    # Train mode with dropout would have given another condition than the teacher's: the same batch, the same
+    # pooled vector, in every call.
+    torch.testing.assert_close(student.encode(b["obs"]), teacher.encode(b["obs"]))
+    # A student whose encoder differs from the teacher's encodes for itself.
+    other = make("student", "mlp", keys=IMAGES, modality_dropout=0.5)
+    other.copy_teacher(other._teacher.module)
+    with torch.no_grad():
+        next(other.encoder.parameters()).add_(0.1)
+    other.freeze_encoder()
+    assert not other._shares_encoder
+
+
+def test_visited_windows_replace_only_the_observations_the_student_reads():
+    from dmrl.algos.distill import mix_windows
+
+    b = batch(keys=IMAGES)
+    b["obs"]["state"] = torch.randn(B, TO, 5)  # an auxiliary head's labels: the visited windows have none
+    windows = {k: v.numpy() + 1 for k, v in obs_batch(3, seed=7, keys=IMAGES).items()}
+    mixed = mix_windows(b, windows, 0.5, torch.Generator().manual_seed(0), keys=IMAGES)
+    assert mixed["obs"]["state"] is b["obs"]["state"]
+    assert not torch.equal(mixed["obs"]["joints"][:2], b["obs"]["joints"][:2])
+    assert torch.equal(mixed["obs"]["joints"][2:], b["obs"]["joints"][2:])
+    with pytest.raises(ValueError, match="no 'state'"):
+        mix_windows(b, windows, 0.5, torch.Generator().manual_seed(0))

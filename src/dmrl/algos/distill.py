@@ -14,6 +14,7 @@ at that window.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,10 +86,13 @@ def save_windows(path: Path, windows: dict[str, np.ndarray]) -> None:
     tmp.replace(path)
 
 
-def mix_windows(batch: dict, windows: dict[str, np.ndarray], fraction: float, gen: torch.Generator) -> dict:
+def mix_windows(
+    batch: dict, windows: dict[str, np.ndarray], fraction: float, gen: torch.Generator, keys: Sequence[str] = ()
+) -> dict:
     """``batch`` with the observations of its first round(fraction * B) items replaced by windows drawn uniformly
     (with replacement) from ``windows``; the other keys (actions, masks) are untouched, as the loss reads only
-    their shapes."""
+    their shapes. ``keys``: the observations to replace (default: all of the batch's); the others stay as they
+    are (a frozen encoder's student does not read its auxiliary head's state labels)."""
     obs = batch["obs"]
     b = int(batch["action"].shape[0])
     n = min(b, max(1, round(fraction * b)))
@@ -96,6 +100,9 @@ def mix_windows(batch: dict, windows: dict[str, np.ndarray], fraction: float, ge
     idx = torch.randint(0, size, (n,), generator=gen).numpy()
     mixed: dict = {}
     for key, value in obs.items():
+        if keys and key not in keys:
+            mixed[key] = value
+            continue
         if key not in windows:
             raise ValueError(f"distill: the visited windows have no {key!r} (they have {sorted(windows)})")
         drawn = windows[key][idx]
@@ -116,7 +123,8 @@ class Distill(BC):
 
     def update(self, batch: dict) -> dict[str, Tensor | float]:
         if self.visited is not None:
-            batch = mix_windows(batch, self.visited, self.config.visited_fraction, self._gen)
+            keys = self.actor.chunk.obs_keys
+            batch = mix_windows(batch, self.visited, self.config.visited_fraction, self._gen, keys)
         return super().update(batch)
 
     @classmethod
@@ -125,8 +133,11 @@ class Distill(BC):
         encoder unless asked."""
         if config.teacher is None:
             raise ValueError("--algo.teacher: required (the diffusion checkpoint to distill, e.g. runs/bc/checkpoint)")
-        if config.visited is not None and policy.chunk.aux_state:
-            raise ValueError("--algo.visited: a student with aux_state cannot mix in visited windows (no aux targets)")
+        if config.visited is not None and policy.chunk.aux_state and config.train_encoder:
+            raise ValueError(
+                "--algo.visited: a student training its encoder with aux_state cannot mix in visited windows (they "
+                "carry no aux targets); keep the encoder frozen (no --algo.train-encoder)"
+            )
         if policy.config.steps > 1 and config.start_fraction == 1.0:
             raise ValueError(
                 f"--algo.start-fraction 1.0: a {policy.config.steps}-step student samples mid-chain too; use < 1"
@@ -139,5 +150,5 @@ class Distill(BC):
                 log.info("distill: %d denoiser tensors start fresh (%s ...)", len(uncopied), ", ".join(uncopied[:3]))
         policy.attach_teacher(teacher)
         if not config.train_encoder:
-            policy.encoder.requires_grad_(False)
+            policy.freeze_encoder()
         return cls(policy, config, engine, total_steps)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from dmrl.data import Normalizer
 from dmrl.diffusion import SCHEDULE_KINDS, TIMESTEP_SPACINGS, DDIMSampler, make_schedule
 from dmrl.models import DENOISERS, build_denoiser
+from dmrl.models.multimodal import EncoderOutput
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 from dmrl.policies.observations import ObsDim
@@ -80,6 +81,10 @@ PSEUDO_HUBER_C = 0.00054
 """The pseudo-Huber loss's c (Song & Dhariwal 2023's 0.00054·sqrt(d) for the norm, here on the RMS error)."""
 
 
+def _same_tensors(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k].to(a[k].device)) for k in a)
+
+
 class _Detached:
     """Holds the teacher outside the student's modules: not saved, not moved by .to(), shared by deep copies (the
     EMA copy of the student needs no teacher of its own)."""
@@ -122,6 +127,8 @@ class StudentPolicy(ChunkPolicy):
         self.register_buffer("grid_sqrt_ab", schedule.sqrt_alphas_cumprod[grid].float(), persistent=False)
         self.register_buffer("grid_sqrt_1m_ab", schedule.sqrt_one_minus_alphas_cumprod[grid].float(), persistent=False)
         self._teacher: _Detached | None = None
+        self._encoder_frozen = False  # set by freeze_encoder: no gradients, and eval mode (no modality dropout)
+        self._shares_encoder = False  # frozen and equal to the teacher's: one encoding serves both
         self.start_fraction = 0.5  # share of a batch trained from the chain's start (set by --algo.start-fraction)
         self.distance = "l2"  # l2 or pseudo_huber (set by --algo.distance)
 
@@ -172,15 +179,39 @@ class StudentPolicy(ChunkPolicy):
         teacher.set_sampler(teacher.sampler.num_steps, eta=0.0)
         self._teacher = _Detached(teacher.eval().requires_grad_(False))
 
+    def freeze_encoder(self) -> None:
+        """Keep the encoder as it is while the denoiser trains: no gradients, and eval mode whatever ``train()``
+        sets (a frozen encoder's modality and word dropout would only corrupt the condition the teacher labels).
+        When it then equals the attached teacher's (normaliser included), the teacher's chain reuses its encoding:
+        a multimodal encoder is most of a distillation step's cost."""
+        self.encoder.requires_grad_(False)
+        self._encoder_frozen = True
+        self.encoder.eval()
+        teacher = self._teacher.module if self._teacher is not None else None
+        self._shares_encoder = teacher is not None and all(
+            _same_tensors(mine.state_dict(), theirs.state_dict())
+            for mine, theirs in ((self.encoder, teacher.encoder), (self.normalizer, teacher.normalizer))
+        )
+
+    def train(self, mode: bool = True) -> StudentPolicy:
+        super().train(mode)
+        if self._encoder_frozen:
+            self.encoder.eval()
+        return self
+
     @torch.no_grad()
-    def teacher_chain(self, obs: Mapping[str, Tensor | list[str]], z: Tensor) -> tuple[Tensor, Tensor]:
-        """The teacher's DDIM chain from z (B, Tp, Da): (points x_{t_k} (S, B, Tp, Da), its chunk (B, Tp, Da))."""
+    def teacher_chain(
+        self, obs: Mapping[str, Tensor | list[str]], z: Tensor, enc: EncoderOutput | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The teacher's DDIM chain from z (B, Tp, Da): (points x_{t_k} (S, B, Tp, Da), its chunk (B, Tp, Da));
+        ``enc``: the observations already encoded by an encoder equal to the teacher's (else it encodes them)."""
         if self._teacher is None:
             raise ValueError("student: no teacher attached; train a student with `dmrl distill --teacher CHECKPOINT`")
         teacher = self._teacher.module
         if next(teacher.parameters()).device != z.device:
             teacher.to(z.device)
-        denoise = teacher.denoise_fn(*teacher.condition(obs))
+        cond = teacher._condition_from(enc) if enc is not None else teacher.condition(obs)
+        denoise = teacher.denoise_fn(*cond)
         points: list[Tensor] = []
 
         def record(x: Tensor, t: Tensor) -> Tensor:
@@ -198,12 +229,14 @@ class StudentPolicy(ChunkPolicy):
         obs = batch["obs"]
         b = batch["action"].shape[0]
         z = torch.randn(b, self.chunk.horizon, self.action_dim, device=batch["action"].device)
-        points, target = self.teacher_chain(obs, z)  # (S, B, Tp, Da), (B, Tp, Da)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self._encoder_frozen):
+            enc = self.encode_tokens(obs)
+        # (S, B, Tp, Da), (B, Tp, Da)
+        points, target = self.teacher_chain(obs, z, enc if self._shares_encoder else None)
         s = points.shape[0]
         k = torch.randint(0, s, (b,), device=z.device)
         k = torch.where(torch.rand(b, device=z.device) < self.start_fraction, torch.zeros_like(k), k)
         x = points[k, torch.arange(b, device=z.device)]
-        enc = self.encode_tokens(obs)
         pred = self.denoiser(x, self.grid[k], *self._condition_from(enc)).float()
         err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B,)
         # pseudo_huber: about the error's norm, whose minimiser over targets the student cannot tell apart is their
@@ -212,7 +245,8 @@ class StudentPolicy(ChunkPolicy):
         first = k == 0
         out = {"loss": per_item.mean(), "distill_mse": err.mean()}
         out["distill_first"] = err[first].mean() if first.any() else err.new_zeros(())
-        return self._add_aux(out, batch, enc.pooled)
+        # An auxiliary head shapes a trained encoder; on a frozen one it would change nothing the student does.
+        return out if self._encoder_frozen else self._add_aux(out, batch, enc.pooled)
 
     # The diffusion policy's: the transformer denoiser reads the multimodal tokens, the others the pooled vector.
     condition = DiffusionPolicy.condition

@@ -17,7 +17,7 @@ from typing import Any
 
 from dmrl.algos.distill import DistillConfig
 from dmrl.policies.student import StudentPolicyConfig
-from dmrl.train.config import TrainConfig
+from dmrl.train.config import OfflineConfig, TrainConfig
 from dmrl.train.engine.core import EngineConfig
 
 
@@ -39,6 +39,8 @@ class DistillCommandConfig:
     """The student MLP denoiser's blocks (default: the teacher's)."""
     train_encoder: bool = False
     """Fine-tune the student's copy of the teacher's encoder (default: frozen)."""
+    cache_images: bool = False
+    """Decode the store's images once, into memory (as the multimodal preset trains its teacher)."""
     steps: int = 1000
     """Optimizer steps (of round 0 when --dagger-rounds)."""
     dagger_rounds: int = 0
@@ -109,6 +111,7 @@ class DistillCommandConfig:
         )
         return TrainConfig(
             dataset=Path(dataset),
+            source=OfflineConfig(cache_images=self.cache_images),
             out=self.out,
             steps=self.steps,
             batch_size=self.batch_size,
