@@ -186,20 +186,20 @@ def latencies(policy) -> dict[str, float]:
     return out
 
 
-def teacher_step_seconds(args: Args, store: Path) -> float:
-    """Seconds per step of the teacher's training (``cost_steps`` steps of configs/grasp_diffusion_state.yaml)."""
+def teacher_step_seconds(steps: int, store: Path, config: str = "configs/grasp_diffusion_state.yaml") -> float:
+    """Seconds per step of the teacher's training (``steps`` steps of ``config`` on ``store``)."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "t"
-        argv = ["train", "--config", "configs/grasp_diffusion_state.yaml", "--dataset", str(store), "--out", str(run)]
-        assert dmrl([*argv, "--steps", str(args.cost_steps), "--eval-episodes", "0"]) == 0
-        return json.loads((run / "summary.json").read_text())["train_seconds"] / args.cost_steps
+        argv = ["train", "--config", config, "--dataset", str(store), "--out", str(run)]
+        assert dmrl([*argv, "--steps", str(steps), "--eval-episodes", "0"]) == 0
+        return json.loads((run / "summary.json").read_text())["train_seconds"] / steps
 
 
 def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: list[str]) -> float:
-    """Run ``dmrl distill`` into ``out`` (``flags``: :func:`run_flags`'s); -> its wall seconds (rounds and DAgger
-    rollouts included)."""
+    """Run ``dmrl distill`` into ``out`` (``flags``: :func:`run_flags`'s and any more); -> its wall seconds (rounds
+    and DAgger rollouts included)."""
     argv = ["distill", "--teacher", str(teacher), "--out", str(out), "--seed", str(seed), "--lr", str(args.lr)]
     argv += flags
     argv += ["--steps", str(args.distill_steps), "--student-steps", str(steps)]
@@ -293,7 +293,7 @@ def main() -> None:
             if flags is not None:
                 cost = {}
                 if args.cost_steps and not flags:  # a resumed run's wall time is not the whole run's
-                    t_step = teacher_step_seconds(args, store)
+                    t_step = teacher_step_seconds(args.cost_steps, store)
                     cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
                 wall = distill(args, run / "checkpoint", srun, seed, steps, flags)
                 if cost:
