@@ -31,5 +31,10 @@ def with_teacher(policy: ChunkPolicy) -> ChunkPolicy:
     with torch.no_grad():  # its output layer starts at zero, as the student's: a target of 0 would teach nothing
         for p in teacher.denoiser.parameters():
             p.add_(0.1 * torch.randn_like(p))
+    # The teacher shares the student's LanguageEncoder (a module-scoped fixture, too slow to build twice), and
+    # attach_teacher freezes the teacher: give its trainable projection back to the student and later tests.
+    trainable = [p for p in text.parameters() if p.requires_grad] if text is not None else []
     policy.attach_teacher(teacher)
+    for p in trainable:
+        p.requires_grad_(True)
     return policy

@@ -366,6 +366,13 @@ def test_a_frozen_student_encoder_stays_in_eval_mode_and_shares_the_teachers_enc
     assert not student.encoder.training and student.denoiser.training
     assert not any(p.requires_grad for p in student.encoder.parameters())
     assert student._shares_encoder
+    # Weights loaded later (a resumed state) decide again.
+    state = {k: v.clone() for k, v in student.state_dict().items()}
+    state[next(k for k in state if k.startswith("encoder.") and state[k].is_floating_point())] += 0.1
+    student.load_state_dict(state)
+    assert not student._shares_encoder
+    student.copy_teacher(teacher)
+    assert student._shares_encoder
     b = batch(keys=IMAGES)
     teacher_encodings = []
     hook = teacher.encoder.register_forward_hook(lambda *_: teacher_encodings.append(1))

@@ -129,6 +129,7 @@ class StudentPolicy(ChunkPolicy):
         self._teacher: _Detached | None = None
         self._encoder_frozen = False  # set by freeze_encoder: no gradients, and eval mode (no modality dropout)
         self._shares_encoder = False  # frozen and equal to the teacher's: one encoding serves both
+        self.register_load_state_dict_post_hook(self._check_shared)
         self.start_fraction = 0.5  # share of a batch trained from the chain's start (set by --algo.start-fraction)
         self.distance = "l2"  # l2 or pseudo_huber (set by --algo.distance)
 
@@ -147,6 +148,7 @@ class StudentPolicy(ChunkPolicy):
         mine, theirs = self.denoiser.state_dict(), teacher.denoiser.state_dict()
         same = {k: v for k, v in theirs.items() if k in mine and mine[k].shape == v.shape}
         self.denoiser.load_state_dict(same, strict=False)
+        self._check_shared()
         return sorted(set(mine) - set(same))
 
     def check_teacher(self, teacher: nn.Module) -> None:
@@ -178,19 +180,32 @@ class StudentPolicy(ChunkPolicy):
         self.check_teacher(teacher)
         teacher.set_sampler(teacher.sampler.num_steps, eta=0.0)
         self._teacher = _Detached(teacher.eval().requires_grad_(False))
+        self._check_shared()
 
     def freeze_encoder(self) -> None:
         """Keep the encoder as it is while the denoiser trains: no gradients, and eval mode whatever ``train()``
         sets (a frozen encoder's modality and word dropout would only corrupt the condition the teacher labels).
         When it then equals the attached teacher's (normaliser included), the teacher's chain reuses its encoding:
-        a multimodal encoder is most of a distillation step's cost."""
+        a multimodal encoder is most of a distillation step's cost. An auxiliary head (chunk.aux_state) freezes
+        too: it shapes a trained encoder and changes nothing a frozen one's student does."""
         self.encoder.requires_grad_(False)
+        if self.aux_head is not None:  # no loss reaches it: a trainable one would stall DDP's gradient reduction
+            self.aux_head.requires_grad_(False)
         self._encoder_frozen = True
         self.encoder.eval()
+        self._check_shared()
+
+    def _check_shared(self, *_: object) -> None:
+        """Decide whether the teacher's chain may reuse the student's encoding (after freezing, attaching a teacher
+        and loading weights: a resumed state or another teacher could make them differ)."""
         teacher = self._teacher.module if self._teacher is not None else None
-        self._shares_encoder = teacher is not None and all(
-            _same_tensors(mine.state_dict(), theirs.state_dict())
-            for mine, theirs in ((self.encoder, teacher.encoder), (self.normalizer, teacher.normalizer))
+        self._shares_encoder = (
+            self._encoder_frozen
+            and teacher is not None
+            and all(
+                _same_tensors(mine.state_dict(), theirs.state_dict())
+                for mine, theirs in ((self.encoder, teacher.encoder), (self.normalizer, teacher.normalizer))
+            )
         )
 
     def train(self, mode: bool = True) -> StudentPolicy:

@@ -48,6 +48,7 @@ RESUME_MAY_DIFFER = {
     "source.curve_every",
     "source.curve_episodes",
     "source.num_workers",
+    "source.cache_images",
     "engine.device",
     "engine.cpu_threads",
     "engine.compile",
