@@ -48,6 +48,8 @@ class Args:
     """Optimizer steps of the distillation (its first round with --dagger-rounds)."""
     batch_size: int = 256
     """Observations per distillation step."""
+    noise_samples: int = 1
+    """Noises (teacher chains) per observation (dmrl distill --noise-samples)."""
     lr: float = 3e-4
     """Distillation peak learning rate."""
     dagger_rounds: int = 0
@@ -79,6 +81,7 @@ class Args:
     def tag(self) -> str:
         """The student run's directory name (without the seed)."""
         tag = f"student{self.student_steps}_s{self.distill_steps}_b{self.batch_size}"
+        tag += f"_n{self.noise_samples}" if self.noise_samples != 1 else ""
         tag += f"_lr{self.lr:g}" if self.lr != 3e-4 else ""
         tag += f"_d{self.dagger_rounds}x{self.dagger_episodes}e{self.dagger_steps}" if self.dagger_rounds else ""
         return tag
@@ -142,7 +145,8 @@ def main() -> None:
             if args.cost_steps and not flags:  # a resumed run's wall time is not the whole run's
                 t_step = teacher_step_seconds(args.cost_steps, args.dataset, args.config)
                 cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
-            wall = distill(args, run / "checkpoint", srun, seed, args.student_steps, [*flags, "--cache-images"])
+            flags += ["--cache-images", "--noise-samples", str(args.noise_samples)]
+            wall = distill(args, run / "checkpoint", srun, seed, args.student_steps, flags)
             if cost:
                 cost |= {"distill_wall_s": wall, "cost_vs_teacher": wall / (teacher_steps * cost["teacher_s_per_step"])}
                 (srun / "cost.json").write_text(json.dumps(cost) + "\n")

@@ -385,6 +385,22 @@ def test_a_frozen_student_encoder_stays_in_eval_mode_and_shares_the_teachers_enc
     hook.remove()
     assert teacher_encodings == [1]
     torch.testing.assert_close(shared, twice)
+    # R noises per observation: R adjacent chains from one condition, the same loss shared or not.
+    student.noise_samples = 3
+    seen = []
+    chain = student.teacher_chain
+    student.teacher_chain = lambda obs, z, cond=None: seen.append((z, cond)) or chain(obs, z, cond)
+    losses = []
+    for share in (True, False):
+        student._shares_encoder = share
+        torch.manual_seed(6)
+        losses.append(student.loss(b)["loss"])
+    torch.testing.assert_close(losses[0], losses[1])
+    (z, cond), (_, none) = seen
+    assert z.shape[0] == 3 * B and none is None
+    assert torch.equal(cond[0][0], cond[0][2]) and not torch.equal(cond[0][2], cond[0][3])
+    del student.teacher_chain
+    student.noise_samples = 1
     # Train mode with dropout would have given another condition than the teacher's: the same batch, the same
     # pooled vector, in every call.
     torch.testing.assert_close(student.encode(b["obs"]), teacher.encode(b["obs"]))

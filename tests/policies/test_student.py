@@ -150,6 +150,7 @@ def test_distill_command_trains_a_student_that_loads_and_evaluates(tmp_path, tea
         (["--student-steps", "3"], "student steps"),
         (["--hidden-dim", "0"], "hidden_dim"),
         (["--dagger-rounds", "-1"], "--dagger-rounds"),
+        (["--noise-samples", "0"], "--algo.noise-samples"),
     ],
 )
 def test_distill_bad_flags_are_one_line(tmp_path, teacher_run, capsys, extra, needle):

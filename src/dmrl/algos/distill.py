@@ -54,6 +54,9 @@ class DistillConfig(BCConfig):
     """Share of each batch trained from the start of the teacher's chain (k = 0, where a one-step student samples);
     the rest from a point drawn uniformly on it. 1.0: a one-step student trained only where it samples (as OneDP's
     one-step generator); a two-step student needs < 1 (its second call starts mid-chain)."""
+    noise_samples: int = 1
+    """Noises (teacher chains) per observation in a batch: R chains share one encoding, so a batch of B / R
+    observations labels as many chains as B would, at a fraction of a multimodal encoder's cost."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -63,6 +66,8 @@ class DistillConfig(BCConfig):
             raise ValueError(f"--algo.distance: got {self.distance!r}; allowed l2, pseudo_huber")
         if not 0.0 <= self.start_fraction <= 1.0:
             raise ValueError(f"--algo.start-fraction: got {self.start_fraction}; allowed [0, 1]")
+        if not isinstance(self.noise_samples, int) or self.noise_samples < 1:
+            raise ValueError(f"--algo.noise-samples: got {self.noise_samples!r}; allowed an integer >= 1")
         if self.visited is not None and not Path(self.visited).is_file():
             raise FileNotFoundError(f"--algo.visited {self.visited}: no such file (an .npz of observation windows)")
         # teacher None is checked when the algorithm is built: --resume reads a saved run against this config's
@@ -143,6 +148,7 @@ class Distill(BC):
                 f"--algo.start-fraction 1.0: a {policy.config.steps}-step student samples mid-chain too; use < 1"
             )
         policy.start_fraction, policy.distance = config.start_fraction, config.distance
+        policy.noise_samples = config.noise_samples
         teacher, _ = load_policy(config.teacher)
         if config.from_teacher:
             uncopied = policy.copy_teacher(teacher)

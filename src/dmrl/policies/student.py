@@ -30,7 +30,6 @@ from torch import Tensor, nn
 from dmrl.data import Normalizer
 from dmrl.diffusion import SCHEDULE_KINDS, TIMESTEP_SPACINGS, DDIMSampler, make_schedule
 from dmrl.models import DENOISERS, build_denoiser
-from dmrl.models.multimodal import EncoderOutput
 from dmrl.policies.base import ChunkConfig, ChunkPolicy
 from dmrl.policies.diffusion import DiffusionPolicy
 from dmrl.policies.observations import ObsDim
@@ -79,6 +78,12 @@ class StudentPolicyConfig:
 
 PSEUDO_HUBER_C = 0.00054
 """The pseudo-Huber loss's c (Song & Dhariwal 2023's 0.00054·sqrt(d) for the norm, here on the RMS error)."""
+
+
+def _repeat(cond: tuple[Tensor, Tensor | None], rows: int) -> tuple[Tensor, Tensor | None]:
+    """A condition (B, ...), mask or None -> ``rows`` rows, each observation's copies adjacent."""
+    r = rows // cond[0].shape[0]
+    return cond if r == 1 else tuple(None if c is None else c.repeat_interleave(r, 0) for c in cond)
 
 
 def _same_tensors(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> bool:
@@ -132,6 +137,7 @@ class StudentPolicy(ChunkPolicy):
         self.register_load_state_dict_post_hook(self._check_shared)
         self.start_fraction = 0.5  # share of a batch trained from the chain's start (set by --algo.start-fraction)
         self.distance = "l2"  # l2 or pseudo_huber (set by --algo.distance)
+        self.noise_samples = 1  # noises (teacher chains) per observation (set by --algo.noise-samples)
 
     @property
     def starts(self) -> tuple[int, ...]:
@@ -202,6 +208,7 @@ class StudentPolicy(ChunkPolicy):
         self._shares_encoder = (
             self._encoder_frozen
             and teacher is not None
+            and teacher.config.denoiser == self.config.denoiser  # which of the encoding each reads (tokens or pooled)
             and all(
                 _same_tensors(mine.state_dict(), theirs.state_dict())
                 for mine, theirs in ((self.encoder, teacher.encoder), (self.normalizer, teacher.normalizer))
@@ -216,16 +223,18 @@ class StudentPolicy(ChunkPolicy):
 
     @torch.no_grad()
     def teacher_chain(
-        self, obs: Mapping[str, Tensor | list[str]], z: Tensor, enc: EncoderOutput | None = None
+        self, obs: Mapping[str, Tensor | list[str]], z: Tensor, cond: tuple[Tensor, Tensor | None] | None = None
     ) -> tuple[Tensor, Tensor]:
-        """The teacher's DDIM chain from z (B, Tp, Da): (points x_{t_k} (S, B, Tp, Da), its chunk (B, Tp, Da));
-        ``enc``: the observations already encoded by an encoder equal to the teacher's (else it encodes them)."""
+        """The teacher's DDIM chain from z (B·R, Tp, Da), R noises per observation in adjacent rows: (points
+        x_{t_k} (S, B·R, Tp, Da), its chunk (B·R, Tp, Da)); ``cond``: the condition already computed (and
+        repeated) by an encoder equal to the teacher's (else it encodes ``obs``)."""
         if self._teacher is None:
             raise ValueError("student: no teacher attached; train a student with `dmrl distill --teacher CHECKPOINT`")
         teacher = self._teacher.module
         if next(teacher.parameters()).device != z.device:
             teacher.to(z.device)
-        cond = teacher._condition_from(enc) if enc is not None else teacher.condition(obs)
+        if cond is None:
+            cond = _repeat(teacher.condition(obs), z.shape[0])
         denoise = teacher.denoise_fn(*cond)
         points: list[Tensor] = []
 
@@ -242,17 +251,18 @@ class StudentPolicy(ChunkPolicy):
         from one point of it (the start, k = 0, for ``start_fraction`` of the items: the one-step case; any k for
         the rest)."""
         obs = batch["obs"]
-        b = batch["action"].shape[0]
+        b = batch["action"].shape[0] * self.noise_samples
         z = torch.randn(b, self.chunk.horizon, self.action_dim, device=batch["action"].device)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self._encoder_frozen):
             enc = self.encode_tokens(obs)
-        # (S, B, Tp, Da), (B, Tp, Da)
-        points, target = self.teacher_chain(obs, z, enc if self._shares_encoder else None)
+        cond = _repeat(self._condition_from(enc), b)  # each observation's R noises in adjacent rows
+        # (S, B·R, Tp, Da), (B·R, Tp, Da)
+        points, target = self.teacher_chain(obs, z, cond if self._shares_encoder else None)
         s = points.shape[0]
         k = torch.randint(0, s, (b,), device=z.device)
         k = torch.where(torch.rand(b, device=z.device) < self.start_fraction, torch.zeros_like(k), k)
         x = points[k, torch.arange(b, device=z.device)]
-        pred = self.denoiser(x, self.grid[k], *self._condition_from(enc)).float()
+        pred = self.denoiser(x, self.grid[k], *cond).float()
         err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B,)
         # pseudo_huber: about the error's norm, whose minimiser over targets the student cannot tell apart is their
         # geometric median (the majority route), where the squared error's is their mean (into the obstacle).

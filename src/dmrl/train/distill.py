@@ -58,7 +58,9 @@ class DistillCommandConfig:
     """Share of each batch trained from the start of the teacher's chain (1.0: a one-step student only where it
     samples; a two-step student needs < 1)."""
     batch_size: int = 256
-    """Observations per step (each with a fresh noise and the teacher's DDIM chain from it)."""
+    """Observations per step (each with --noise-samples fresh noises and the teacher's DDIM chain from each)."""
+    noise_samples: int = 1
+    """Noises per observation: batch_size x noise_samples chains per step, one encoding per observation."""
     lr: float = 3e-4
     """AdamW peak learning rate."""
     seed: int = 0
@@ -129,6 +131,7 @@ class DistillCommandConfig:
                 train_encoder=self.train_encoder,
                 visited_fraction=self.visited_fraction,
                 start_fraction=self.start_fraction,
+                noise_samples=self.noise_samples,
                 distance=self.distance,
             ),
             engine=self.engine,
