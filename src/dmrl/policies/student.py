@@ -263,7 +263,7 @@ class StudentPolicy(ChunkPolicy):
         k = torch.where(torch.rand(b, device=z.device) < self.start_fraction, torch.zeros_like(k), k)
         x = points[k, torch.arange(b, device=z.device)]
         pred = self.denoiser(x, self.grid[k], *cond).float()
-        err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B,)
+        err = (pred - target.float()).pow(2).mean(dim=(1, 2))  # (B·R,)
         # pseudo_huber: about the error's norm, whose minimiser over targets the student cannot tell apart is their
         # geometric median (the majority route), where the squared error's is their mean (into the obstacle).
         per_item = err if self.distance == "l2" else (err + PSEUDO_HUBER_C**2).sqrt() - PSEUDO_HUBER_C
