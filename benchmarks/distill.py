@@ -96,6 +96,9 @@ def run_flags(run: Path) -> list[str] | None:
     return []
 
 
+STATE_CONFIG = "configs/grasp_diffusion_state.yaml"
+"""The teacher's preset."""
+
 FAR = 0.1
 """A chunk this far (RMS, normalised action units) from the teacher's chunk for the same noise counts as far."""
 
@@ -186,7 +189,7 @@ def latencies(policy) -> dict[str, float]:
     return out
 
 
-def teacher_step_seconds(steps: int, store: Path, config: str = "configs/grasp_diffusion_state.yaml") -> float:
+def teacher_step_seconds(steps: int, store: Path, config: str = STATE_CONFIG) -> float:
     """Seconds per step of the teacher's training (``steps`` steps of ``config`` on ``store``)."""
     import tempfile
 
@@ -214,6 +217,23 @@ def distill(args: Args, teacher: Path, out: Path, seed: int, steps: int, flags: 
     t = time.perf_counter()
     assert dmrl(argv) == 0
     return time.perf_counter() - t
+
+
+def distill_with_cost(
+    args, teacher_run: Path, out: Path, seed: int, steps: int, flags: list[str], store: Path, config: str = STATE_CONFIG
+) -> None:
+    """:func:`distill` from ``teacher_run``'s checkpoint; a new run (no --resume in ``flags``) with ``args.cost_steps``
+    also writes ``out/cost.json``: its wall time over the teacher's training time, the teacher's step (``config`` on
+    ``store``) timed just before. A resumed run's wall time is not the whole run's, so it gets none."""
+    cost = {}
+    if args.cost_steps and "--resume" not in flags:
+        t_step = teacher_step_seconds(args.cost_steps, store, config)
+        cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
+    wall = distill(args, teacher_run / "checkpoint", out, seed, steps, flags)
+    if cost:
+        teacher_steps = json.loads((teacher_run / "summary.json").read_text())["train_steps"]
+        cost |= {"distill_wall_s": wall, "cost_vs_teacher": wall / (teacher_steps * cost["teacher_s_per_step"])}
+        (out / "cost.json").write_text(json.dumps(cost) + "\n")
 
 
 def row(name: str, seed: int, policy, env: tuple[str, dict], args: Args, gap: tuple | None = None, **extra) -> dict:
@@ -264,7 +284,7 @@ def main() -> None:
             argv = [
                 "train",
                 "--config",
-                "configs/grasp_diffusion_state.yaml",
+                STATE_CONFIG,
                 "--dataset",
                 str(store),
                 "--out",
@@ -273,7 +293,6 @@ def main() -> None:
             assert dmrl([*argv, *flags, "--seed", str(seed), "--eval-episodes", "0"]) == 0
         teacher, meta = load_policy(run / "checkpoint")
         env = (meta["env_id"], meta["env_kwargs"])
-        teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
         teacher_success = {}
         reference, _ = load_policy(run / "checkpoint")  # the teacher's own chain (DDIM-10, deterministic)
         reference.set_sampler(reference.sampler.num_steps, eta=0.0)
@@ -291,17 +310,7 @@ def main() -> None:
             extra: dict = dict(teacher_success)
             flags = run_flags(srun)
             if flags is not None:
-                cost = {}
-                if args.cost_steps and not flags:  # a resumed run's wall time is not the whole run's
-                    t_step = teacher_step_seconds(args.cost_steps, store)
-                    cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
-                wall = distill(args, run / "checkpoint", srun, seed, steps, flags)
-                if cost:
-                    cost |= {
-                        "distill_wall_s": wall,
-                        "cost_vs_teacher": wall / (teacher_steps * cost["teacher_s_per_step"]),
-                    }
-                    (srun / "cost.json").write_text(json.dumps(cost) + "\n")
+                distill_with_cost(args, run, srun, seed, steps, flags, store)
             if (srun / "cost.json").exists():
                 extra |= json.loads((srun / "cost.json").read_text())
             student, _ = load_policy(srun / "checkpoint")

@@ -18,13 +18,12 @@ benchmarks/results/<name>.json and .md.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from _common import machine, parse_args, write_results
-from distill import distill, pooled, run_flags, teacher_step_seconds
+from distill import distill_with_cost, pooled, run_flags
 from dmrl.cli import main as dmrl
 from dmrl.policies.checkpoint import load_policy
 from multimodal import DATASET, collect_if_missing
@@ -132,7 +131,6 @@ def main() -> None:
             argv = ["train", "--config", args.config, "--dataset", str(args.dataset), "--out", str(run)]
             assert dmrl([*argv, *flags, "--seed", str(seed), "--eval-episodes", "0"]) == 0
         teacher, meta = load_policy(run / "checkpoint")
-        teacher_steps = json.loads((run / "summary.json").read_text())["train_steps"]
         name = f"teacher DDIM-{teacher.sampler.num_steps}"
         rows += evaluate_rows(name, seed, teacher, meta, args, train_seconds=meta["train_seconds"])
         for n in args.baseline_steps:
@@ -141,15 +139,8 @@ def main() -> None:
         srun = args.out / f"{args.tag()}_seed{seed}"
         flags = run_flags(srun)
         if flags is not None:
-            cost = {}
-            if args.cost_steps and not flags:  # a resumed run's wall time is not the whole run's
-                t_step = teacher_step_seconds(args.cost_steps, args.dataset, args.config)
-                cost = {"teacher_s_per_step": t_step, "load_avg_1min": os.getloadavg()[0]}
             flags += ["--cache-images", "--noise-samples", str(args.noise_samples)]
-            wall = distill(args, run / "checkpoint", srun, seed, args.student_steps, flags)
-            if cost:
-                cost |= {"distill_wall_s": wall, "cost_vs_teacher": wall / (teacher_steps * cost["teacher_s_per_step"])}
-                (srun / "cost.json").write_text(json.dumps(cost) + "\n")
+            distill_with_cost(args, run, srun, seed, args.student_steps, flags, args.dataset, args.config)
         extra = json.loads((srun / "cost.json").read_text()) if (srun / "cost.json").exists() else {}
         student, _ = load_policy(srun / "checkpoint")
         rows += evaluate_rows(f"student {args.student_steps}-step ({args.tag()})", seed, student, meta, args, **extra)

@@ -185,3 +185,24 @@ def test_benchmark_pools_seeds_and_pairs_each_episode_with_the_teachers(bench):
     # Episode (0, 11) and (1, 13): the teacher succeeded, the student did not; (0, 10) failed for both.
     assert student["teacher_minus"] == 2 / 8
     assert student["teacher_minus_ci_low"] <= 2 / 8 <= student["teacher_minus_ci_high"]
+
+
+def test_benchmark_cost_is_the_distillations_wall_time_over_the_teachers_and_a_resumed_run_gets_none(
+    tmp_path, bench, monkeypatch
+):
+    import json
+    from types import SimpleNamespace
+
+    teacher = tmp_path / "teacher_seed0"
+    teacher.mkdir()
+    (teacher / "summary.json").write_text(json.dumps({"train_steps": 1000}))
+    monkeypatch.setattr(bench, "teacher_step_seconds", lambda steps, store, config: 0.5)
+    monkeypatch.setattr(bench, "distill", lambda *a: 100.0)
+    args = SimpleNamespace(cost_steps=10)
+    for flags in (["--resume"], []):
+        out = tmp_path / f"student{len(flags)}"
+        out.mkdir()
+        bench.distill_with_cost(args, teacher, out, 0, 1, flags, tmp_path / "store.zarr")
+        assert (out / "cost.json").exists() == (flags == [])
+    cost = json.loads((tmp_path / "student0" / "cost.json").read_text())
+    assert cost["distill_wall_s"] == 100.0 and cost["cost_vs_teacher"] == 100.0 / (1000 * 0.5)
