@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -101,3 +102,26 @@ def median_ms(fn: Callable[[], object], reps: int, warmup: int) -> float:
         fn()
         times.append((time.perf_counter() - t) * 1e3)
     return float(np.median(times))
+
+
+class LoadSampler:
+    """The 1-minute load average every 30 s in a daemon thread: how shared the machine was during a run."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while True:
+            self.samples.append(os.getloadavg()[0])
+            if self._stop.wait(30):
+                return
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -40,7 +40,6 @@ import os
 import resource
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # a spawned worker re-running this file has it removed already (below)
     sys.path.insert(0, str(HERE))
-from _common import RESULTS, machine, parse_args  # noqa: E402
+from _common import RESULTS, LoadSampler, machine, parse_args  # noqa: E402
 
 # This file is named metaworld.py (the issue's name): with benchmarks/ on sys.path, `import metaworld` in the env
 # adapter would find this script instead of the Meta-World package.
@@ -216,29 +215,6 @@ class Args:
     """Write benchmarks/results/metaworld.json / .md from the run JSONs (after any runs asked for)."""
     status: bool = False
     """Print runs done / planned and the next missing runs, and exit."""
-
-
-class LoadSampler:
-    """The 1-minute load average every 30 s in a daemon thread: how shared the machine was during a run."""
-
-    def __init__(self) -> None:
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self) -> None:
-        while True:
-            self.samples.append(os.getloadavg()[0])
-            if self._stop.wait(30):
-                return
-
-    def __enter__(self) -> LoadSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def demos(task: str) -> Path:

@@ -13,7 +13,7 @@ import mujoco  # noqa: E402
 from metaworld.sawyer_xyz_env import SawyerMocapBase  # noqa: E402
 
 from dmrl.envs import REGISTRY, make_env, make_expert  # noqa: E402
-from dmrl.envs.suites import METAWORLD_ENVS, metaworld_compat  # noqa: E402
+from dmrl.envs.suites import METAWORLD_ENVS, MT10, metaworld_compat  # noqa: E402
 from dmrl.envs.suites.metaworld import MetaWorldEnv, task_names  # noqa: E402
 from dmrl.envs.suites.metaworld_language import INSTRUCTIONS, paraphrases  # noqa: E402
 
@@ -102,3 +102,37 @@ def test_two_envs_render_in_one_process():
     assert np.abs(frames[0].astype(int) - frames[1].astype(int)).mean() > 1  # two scenes, two images
     for env in envs:
         env.close()
+
+
+def test_mt10_runs_the_seeds_task_as_its_single_task_env_does_and_the_expert_follows_it():
+    """metaworld/mt10: reset seed i runs MT10[i % 10] with the layout and paraphrase of metaworld/<task> at seed i
+    (so a policy trained on it is evaluated per task unchanged), ``options={"task": ...}`` names one, and one scripted
+    expert, built once, solves each task it is handed (as collect uses it)."""
+    mt = make_env("metaworld/mt10", obs_modes=("joints", "instruction", "state"))
+    assert mt.unwrapped.tasks == MT10 and set(MT10) <= set(METAWORLD_ENVS.values())
+    assert (
+        mt.observation_space == MetaWorldEnv("reach-v3", obs_modes=("joints", "instruction", "state")).observation_space
+    )
+    expert = make_expert("metaworld/mt10", mt)
+    failed = []
+    for seed in range(20, 30):
+        task = MT10[seed % 10]
+        obs, info = mt.reset(seed=seed)
+        single = MetaWorldEnv(task, obs_modes=("joints", "instruction", "state"))
+        ref, _ = single.reset(seed=seed)
+        assert mt.unwrapped.task == task and obs["instruction"] == ref["instruction"]
+        np.testing.assert_array_equal(obs["state"], ref["state"])
+        single.close()
+        expert.reset(seed)
+        while not info["is_success"]:
+            obs, _, terminated, truncated, info = mt.step(expert.act(obs))
+            if terminated or truncated:
+                break
+        if not info["is_success"]:
+            failed.append((seed, task))
+    assert len(failed) <= 1, f"the expert failed {failed} (its single-task rate is 90-100% at 200 steps)"
+    obs, _ = mt.reset(seed=20, options={"task": "window-close-v3"})
+    assert mt.unwrapped.task == "window-close-v3" and "window" in obs["instruction"]
+    with pytest.raises(ValueError, match="not one of metaworld/mt10's"):
+        mt.reset(seed=0, options={"task": "assembly-v3"})
+    mt.close()

@@ -186,8 +186,8 @@ class MetaWorldEnv(gym.Env):
 
 
 class MetaWorldExpert:
-    """Meta-World's scripted policy for the task (``metaworld.policies``), acting on the env's 39-D state whatever
-    observation keys are recorded; ``noise_std`` adds seeded Gaussian noise to its actions."""
+    """Meta-World's scripted policy for the env's current task (``metaworld.policies``), acting on the 39-D state
+    whatever observation keys are recorded; ``noise_std`` adds seeded Gaussian noise to its actions."""
 
     def __init__(self, env: gym.Env, noise_std: float = 0.0) -> None:
         from metaworld.policies import ENV_POLICY_MAP
@@ -196,13 +196,23 @@ class MetaWorldExpert:
         warnings.filterwarnings("ignore", message=r"Constant\(s\) may be too high", module="metaworld")
         if noise_std < 0:
             raise ValueError(f"--noise-std: got {noise_std}; must be >= 0")
+        # A MetaWorldEnv, or a multi-task env whose task changes at each reset: the policy follows env.task.
         self.env: MetaWorldEnv = env.unwrapped  # type: ignore[assignment]
-        self.policy = ENV_POLICY_MAP[self.env.task]()
+        self._policies = ENV_POLICY_MAP
+        self._built: dict[str, Any] = {}
         self.noise_std = float(noise_std)
         self.rng = np.random.default_rng(0)
 
     def reset(self, seed: int) -> None:
         self.rng = np.random.default_rng([int(seed), 1])
+
+    @property
+    def policy(self) -> Any:
+        """Meta-World's scripted policy for the env's current task."""
+        task = self.env.task
+        if task not in self._built:
+            self._built[task] = self._policies[task]()
+        return self._built[task]
 
     def act(self, obs: Mapping[str, Any]) -> np.ndarray:
         action = np.asarray(self.policy.get_action(self.env.raw_obs), dtype=np.float32)

@@ -1,0 +1,64 @@
+"""benchmarks/metaworld_mt10.py's bookkeeping: its training flags parse with the MT10 preset, a finished run is told
+from an interrupted one, and the per-task table and averages from hand-made eval results (no env, no training)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from script_module import script_module
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mt():
+    yield from script_module("benchmarks/metaworld_mt10.py", "mt10_protocol")
+
+
+def test_train_argv_parses_with_the_preset_and_reads_rgb_proprio_and_the_instruction(mt, tmp_path):
+    from dmrl.cli import _parse, _split_preset
+    from dmrl.config_utils import load_yaml, merge
+    from dmrl.train.config import TrainConfig
+
+    a = mt.Args(seed=2, steps=300)
+    argv = mt.train_argv(a, tmp_path / "demos.zarr", tmp_path / "run")
+    preset, rest = _split_preset(argv[1:])
+    assert argv[0] == "train" and Path(preset) == ROOT / "configs" / "metaworld_mt10.yaml"
+    cfg = _parse(TrainConfig, rest, "dmrl train", merge(TrainConfig(), load_yaml(preset)))
+    assert cfg is not None, "dmrl train rejected the benchmark's flags"
+    assert (cfg.steps, cfg.seed, cfg.source.curve_every) == (300, 2, a.curve_every)
+    assert list(cfg.chunk.obs_keys) == ["rgb", "joints", "instruction"]
+    enc = cfg.chunk.encoder
+    assert enc.language.trainable_layers == 0 and enc.instruction_film and enc.instruction_queries
+    assert enc.instruction_token_dropout > 0 and enc.rgb_encoder == "resnet"
+    # The single-task protocol's encoder and auxiliary head (benchmarks/metaworld.py), unchanged.
+    assert tuple(enc.resnet.widths) == (16, 16, 32, 32) and tuple(enc.resnet.stage_strides) == (1, 1, 2, 2)
+    assert tuple(cfg.chunk.aux_state) == (4, 5, 6, 36, 37, 38)
+    default_steps = _parse(TrainConfig, [], "dmrl train", merge(TrainConfig(), load_yaml(preset))).steps
+    assert "--steps" not in mt.train_argv(mt.Args(), tmp_path / "d", tmp_path / "r") and default_steps > 1000
+
+
+def test_only_a_run_that_trained_all_its_steps_is_finished(mt, tmp_path):
+    run = tmp_path / "run_seed0"
+    run.mkdir()
+    assert not mt._finished(run)
+    (run / "config.json").write_text(json.dumps({"steps": 100}))
+    (run / "summary.json").write_text(json.dumps({"train_steps": 40}))  # interrupted at step 40
+    assert not mt._finished(run)
+    (run / "summary.json").write_text(json.dumps({"train_steps": 100}))
+    assert mt._finished(run)
+
+
+def test_rows_and_averages_over_the_ten_tasks(mt):
+    def result(k: int, n: int = 20) -> dict:
+        return {"success_rate": k / n, "ci_low": 0.1, "ci_high": 0.9, "episodes": n}
+
+    per_task = {t: {"train": result(i), "heldout": result(i // 2)} for i, t in enumerate(mt.MT10)}
+    rows, avg = mt.rows_and_summary(per_task, {t: 1.0 for t in mt.MT10})
+    assert [r["task"] for r in rows] == list(mt.MT10) and len(rows) == 10
+    assert rows[3]["train_success"] == 15.0 and rows[3]["heldout_success"] == 5.0
+    assert avg["average_train"] == pytest.approx(100 * sum(range(10)) / 20 / 10)
+    assert avg["average_heldout"] == pytest.approx(100 * sum(i // 2 for i in range(10)) / 20 / 10)
+    md = mt.markdown("x", rows, avg, {"command": "c"})
+    assert "| **average over tasks** | **22.5** | | **10.0** |" in md
