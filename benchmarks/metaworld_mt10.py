@@ -43,6 +43,7 @@ from dmrl.envs.suites import MT10  # noqa: E402
 SPLITS = ("train", "heldout")
 ANCHORS = {"diffusion_policy_lang_mt50": 10.5, "pi0_mt50": 47.9, "smolvla_mt50": 68.2}
 TARGETS = {"average": 60.0, "heldout": 50.0, "train_minutes": 120.0}
+SELECTION_SEED = 200000
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Args:
     curve_every: int = 2000
     """Training steps between learning-curve points on metaworld/mt10 (0: none)."""
     curve_episodes: int = 20
-    """Episodes per curve point (2 per task from seed 100000 on)."""
+    """Episodes per curve point (2 per task, on the selection seeds 200000..)."""
     out: Path = ROOT / "outputs" / "metaworld_mt10"
     """Working directory: the demonstration store and the run."""
     name: str = "metaworld_mt10"
@@ -88,30 +89,54 @@ def collect(a: Args) -> Path:
 def train_argv(a: Args, data: Path, run: Path) -> list[str]:
     argv = ["train", "--config", str(a.config), "--dataset", str(data), "--out", str(run), "--seed", str(a.seed)]
     argv += [] if a.steps is None else ["--steps", str(a.steps)]
+    # Curve points on the selection seeds: a monitor, kept apart from the per-task results' seeds.
     argv += ["--source.curve-every", str(a.curve_every), "--source.curve-episodes", str(a.curve_episodes)]
-    return argv + ["--eval-envs", str(a.eval_envs), "--overwrite"]
+    return argv + ["--eval-seed", str(SELECTION_SEED), "--eval-envs", str(a.eval_envs), "--overwrite"]
+
+
+def plan_training(argv: list[str], run: Path) -> str:
+    """What ``train`` does with ``run``: "reuse" a run that trained all its steps with these settings, "resume" one
+    interrupted after a saved state, "fresh" otherwise (no run there, or one that saved nothing). A run made with
+    other settings (where, how often and how many episodes it evaluates may differ) is a one-line SystemExit: it is
+    never replaced or continued with other settings."""
+    from dmrl.cli import parse_config
+    from dmrl.train.run import first_difference
+
+    saved = run / "config.json"
+    if not saved.is_file():
+        if run.is_dir() and any(run.iterdir()):
+            raise SystemExit(f"{run} holds something other than a dmrl run; move it away or pass another --out")
+        return "fresh"
+    cfg = parse_config(argv)
+    if cfg is None:
+        raise SystemExit(f"dmrl {' '.join(argv)}: bad flags")
+    if (diff := first_difference(saved, cfg)) is not None:
+        key, now, was = diff
+        raise SystemExit(
+            f"{run} was trained with {key} = {was!r}, this command asks {now!r}; move it away (or delete it) to "
+            "train again, or pass the settings it was made with"
+        )
+    if _finished(run):
+        return "reuse"
+    state = run / "state"
+    return "resume" if state.is_dir() and any(state.iterdir()) else "fresh"
 
 
 def train(a: Args, data: Path, run: Path) -> dict:
-    """Train (or continue an interrupted run with the same arguments); returns its minutes and load."""
+    """Train (or reuse a finished run, or continue an interrupted one); returns its minutes and load."""
     from dmrl.cli import main as dmrl
 
     argv = train_argv(a, data, run)
-    seg_path, argv_path = run.with_name(run.name + ".segments.json"), run.with_name(run.name + ".argv.json")
-    if _finished(run) and argv_path.is_file() and json.loads(argv_path.read_text()) == argv:
-        return _segments(json.loads(seg_path.read_text()) if seg_path.is_file() else [])
-    state = run / "state"
-    resume = state.is_dir() and any(state.iterdir()) and argv_path.is_file()
-    resume = resume and json.loads(argv_path.read_text()) == argv
-    segments = json.loads(seg_path.read_text()) if resume and seg_path.is_file() else []
-    if not resume:
-        run.parent.mkdir(parents=True, exist_ok=True)
-        argv_path.write_text(json.dumps(argv))
+    seg_path = run.with_name(run.name + ".segments.json")
+    plan = plan_training(argv, run)
+    segments = json.loads(seg_path.read_text()) if plan != "fresh" and seg_path.is_file() else []
+    if plan == "reuse":
+        return _segments(segments)
     ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     t0, code = time.perf_counter(), 1
     with LoadSampler() as load:
         try:
-            code = dmrl([*argv[:-1], "--resume"] if resume else argv)
+            code = dmrl([*argv[:-1], "--resume"] if plan == "resume" else argv)
         finally:  # an interrupted segment's minutes count too
             ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
             cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1, strict=True))
@@ -123,7 +148,7 @@ def train(a: Args, data: Path, run: Path) -> dict:
 
 
 def _finished(run: Path) -> bool:
-    """Whether ``run`` trained all its steps (an interrupted run also leaves a summary, at the step it stopped)."""
+    """Whether ``run`` trained all its steps (dmrl writes summary.json when a run completes)."""
     if not ((run / "summary.json").is_file() and (run / "config.json").is_file()):
         return False
     steps = json.loads((run / "config.json").read_text())["steps"]
@@ -144,18 +169,27 @@ def evaluate(a: Args, run: Path, task: str, split: str) -> dict:
     """``dmrl eval`` of the run's checkpoint on one task and paraphrase set (reused when already done)."""
     from dmrl.cli import main as dmrl
 
-    out = run.parent / f"{run.name}_eval" / f"{split}_{a.eval_seed}" / task
+    last = a.eval_seed + a.eval_episodes - 1
+    # The envs count is in the name: the sampler's noise is drawn per batch of envs, so it changes the episodes.
+    out = run.parent / f"{run.name}_eval" / f"{split}_seeds{a.eval_seed}-{last}_envs{a.eval_envs}" / task
     path = out / "eval.json"
     ckpt = run / "checkpoint"
-    fresh = path.is_file() and path.stat().st_mtime > (ckpt / "policy.safetensors").stat().st_mtime
-    same = fresh and json.loads(path.read_text())["seeds"] == [a.eval_seed, a.eval_seed + a.eval_episodes - 1]
-    if not same:  # eval.json keeps the first and last seed
+    if not _done(path, ckpt / "policy.safetensors", [a.eval_seed, last]):
         argv = ["eval", "--checkpoint", str(ckpt), "--env", f"metaworld/{task}", "--episodes", str(a.eval_episodes)]
         argv += ["--seed", str(a.eval_seed), "--paraphrases", split, "--envs", str(a.eval_envs)]
         argv += ["--gif-episodes", "0", "--out", str(out)]
         if dmrl(argv) != 0:
             raise SystemExit(f"dmrl {' '.join(argv)} failed")
     return json.loads(path.read_text())
+
+
+def _done(path: Path, weights: Path, seeds: list[int]) -> bool:
+    """Whether ``path`` is a readable eval.json of these weights (written after them) on these seeds."""
+    try:
+        done = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, or cut short by a crash
+        return False
+    return path.stat().st_mtime > weights.stat().st_mtime and done.get("seeds") == seeds  # [first, last]
 
 
 def rows_and_summary(per_task: dict[str, dict[str, dict]], demo_success: dict[str, float]) -> tuple[list, dict]:
@@ -192,6 +226,7 @@ def _interrupt(signum, frame) -> None:
 
 def main() -> None:
     a = parse_args(Args, __doc__)
+    a.out, a.config = a.out.resolve(), a.config.resolve()  # the run's config.json keeps them; compared on reuse
     if a.demos < 1 or a.eval_episodes < 1 or (a.steps is not None and a.steps < 1):
         print("--demos, --eval-episodes and --steps must be >= 1", file=sys.stderr)
         raise SystemExit(2)
@@ -206,8 +241,8 @@ def main() -> None:
     from dmrl.data.episodes import EpisodeStore
 
     store = EpisodeStore.open(data)
-    ok = store.success
-    demo_success = {t: round(float(ok[i :: len(MT10)].mean()), 3) for i, t in enumerate(MT10)}
+    task_of = store.seeds % len(MT10)  # metaworld/mt10 runs task seed mod 10
+    demo_success = {t: round(float(store.success[task_of == i].mean()), 3) for i, t in enumerate(MT10)}
     run = a.out / f"run_seed{a.seed}"
     timing = train(a, data, run)
     summary = json.loads((run / "summary.json").read_text())
@@ -235,6 +270,8 @@ def main() -> None:
             "is dmrl's train_seconds (one segment only)"
         },
         "curve": [[c["step"], c["curve_success"]] for c in curve],
+        "curve_seeds": f"{json.loads((run / 'config.json').read_text())['eval_seed']}.. ({a.curve_episodes} per point)",
+        "eval_envs": a.eval_envs,
         "anchors_percent": ANCHORS,
         "anchors_note": "as the issue quotes them: MT50 in TinyVLA's setup (tabulated by SmolVLA), not MT10, and "
         "Meta-World v2; ours is Meta-World 3.1.1 (v3) on MuJoCo 4",

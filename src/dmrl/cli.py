@@ -203,28 +203,37 @@ def main(argv: list[str] | None = None) -> int:
         root.setLevel(level)
 
 
+def parse_config(argv: list[str], commands: dict | None = None):
+    """The config ``dmrl ARGV`` runs with: ``argv[0]`` the command, then its flags and any ``--config PRESET.yaml``
+    (e.g. a benchmark comparing a finished run's config.json with the command it would run). A ValueError names a bad
+    flag; None: help was printed, or tyro reported the error."""
+    commands = _commands() if commands is None else commands
+    name, rest = argv[0], argv[1:]
+    if name not in commands:
+        raise ValueError(f"unknown command {name!r}; commands: {', '.join(commands)}")
+    cls = commands[name][0]
+    preset, rest = _split_preset(rest)
+    default = None
+    if preset is not None:
+        from dmrl.config_utils import load_yaml, merge
+
+        if name not in ("train", "compare", "demo"):
+            raise ValueError(f"--config presets are for train, compare and demo, not {name}")
+        default = merge(cls(), load_yaml(preset))
+    return _parse(cls, rest, f"dmrl {name}", default)
+
+
 def _main(argv: list[str]) -> int:
     try:
         commands = _commands()
         if not argv or argv[0] in ("-h", "--help"):
             print(_usage(commands))
             return 0 if argv else 2
-        name, rest = argv[0], argv[1:]
-        if name not in commands:
-            raise ValueError(f"unknown command {name!r}; commands: {', '.join(commands)}")
-        cls, runner, _ = commands[name]
-        preset, rest = _split_preset(rest)
-        default = None
-        if preset is not None:
-            from dmrl.config_utils import load_yaml, merge
-
-            if name not in ("train", "compare", "demo"):
-                raise ValueError(f"--config presets are for train, compare and demo, not {name}")
-            default = merge(cls(), load_yaml(preset))
-        cfg = _parse(cls, rest, f"dmrl {name}", default)
+        name = argv[0]
+        cfg = parse_config(argv, commands)
         if cfg is None:
             return 2
-        runner(cfg)
+        commands[name][1](cfg)
     except (ValueError, KeyError, FileNotFoundError, FileExistsError, RuntimeError) as e:
         # Bad input is reported in one line; nothing written before has been touched.
         msg = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

@@ -39,15 +39,54 @@ def test_train_argv_parses_with_the_preset_and_reads_rgb_proprio_and_the_instruc
     assert "--steps" not in mt.train_argv(mt.Args(), tmp_path / "d", tmp_path / "r") and default_steps > 1000
 
 
-def test_only_a_run_that_trained_all_its_steps_is_finished(mt, tmp_path):
-    run = tmp_path / "run_seed0"
-    run.mkdir()
+def _write_run(mt, a, run: Path, data: Path) -> None:
+    """config.json as dmrl train writes it for the benchmark's command."""
+    from dmrl.cli import parse_config
+    from dmrl.config_utils import to_dict
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.json").write_text(json.dumps(to_dict(parse_config(mt.train_argv(a, data, run))), indent=2))
+
+
+def test_a_finished_run_is_reused_an_interrupted_one_resumed_and_one_of_other_settings_never_touched(mt, tmp_path):
+    data, run = tmp_path / "demos.zarr", tmp_path / "run_seed0"
+    a = mt.Args(steps=300)
+    assert mt.plan_training(mt.train_argv(a, data, run), run) == "fresh"  # nothing there
+    _write_run(mt, a, run, data)
     assert not mt._finished(run)
-    (run / "config.json").write_text(json.dumps({"steps": 100}))
-    (run / "summary.json").write_text(json.dumps({"train_steps": 40}))  # interrupted at step 40
-    assert not mt._finished(run)
-    (run / "summary.json").write_text(json.dumps({"train_steps": 100}))
-    assert mt._finished(run)
+    assert mt.plan_training(mt.train_argv(a, data, run), run) == "fresh"  # started, saved nothing
+    (run / "state" / "step_2000").mkdir(parents=True)
+    assert mt.plan_training(mt.train_argv(a, data, run), run) == "resume"
+    (run / "summary.json").write_text(json.dumps({"train_steps": 300}))  # dmrl writes it when a run completes
+    assert mt._finished(run) and mt.plan_training(mt.train_argv(a, data, run), run) == "reuse"
+    # Where, how often and how many episodes it evaluates do not make another run ...
+    faster = mt.Args(steps=300, eval_envs=4, curve_every=500, curve_episodes=10)
+    assert mt.plan_training(mt.train_argv(faster, data, run), run) == "reuse"
+    # ... what it trains does, and the run is left as it is, with a one-line reason.
+    for other in (mt.Args(steps=400), mt.Args(steps=300, seed=1)):
+        with pytest.raises(SystemExit, match=r"was trained with (steps|seed) = .*move it away") as e:
+            mt.plan_training(mt.train_argv(other, data, run), run)
+        assert "\n" not in str(e.value)
+    assert (run / "summary.json").is_file() and (run / "state" / "step_2000").is_dir()
+    stray = tmp_path / "stray"
+    (stray / "x").mkdir(parents=True)
+    with pytest.raises(SystemExit, match="other than a dmrl run"):
+        mt.plan_training(mt.train_argv(a, data, stray), stray)
+
+
+def test_an_evaluation_is_reused_only_if_readable_newer_than_the_weights_and_on_the_same_seeds(mt, tmp_path):
+    import os
+
+    weights, path = tmp_path / "policy.safetensors", tmp_path / "eval.json"
+    weights.write_bytes(b"w")
+    os.utime(weights, (1000, 1000))
+    assert not mt._done(path, weights, [100000, 100019])  # absent
+    path.write_text('{"seeds": [100000, 1')  # cut short by a crash
+    assert not mt._done(path, weights, [100000, 100019])
+    path.write_text(json.dumps({"seeds": [100000, 100019]}))
+    assert mt._done(path, weights, [100000, 100019]) and not mt._done(path, weights, [100000, 100009])
+    os.utime(weights, (path.stat().st_mtime + 10,) * 2)  # retrained after the evaluation
+    assert not mt._done(path, weights, [100000, 100019])
 
 
 def test_rows_and_averages_over_the_ten_tasks(mt):

@@ -143,6 +143,17 @@ def _flat_defaults(cfg: Any, saved: dict[str, Any], prefix: str = "") -> dict[st
     return out
 
 
+def first_difference(saved_path: Path, cfg: TrainConfig) -> tuple[str, Any, Any] | None:
+    """The first setting, outside RESUME_MAY_DIFFER, in which ``cfg`` differs from the run whose config.json is
+    ``saved_path``, as (key, cfg's value, the run's value); None when ``cfg`` may continue (or reuse) that run."""
+    saved, now = saved_settings(saved_path), flat(to_dict(cfg))
+    # The chosen types first: a run of another policy type differs in every field of it.
+    for key in sorted(set(saved) | set(now), key=lambda k: (not k.endswith(".type"), k)):
+        if key not in RESUME_MAY_DIFFER and saved.get(key) != now.get(key):
+            return key, now.get(key), saved.get(key)
+    return None
+
+
 def prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
     """The run directory: checked for --resume, emptied for --overwrite (rank 0 only), config.json written."""
     out = Path(cfg.out)
@@ -150,14 +161,12 @@ def prepare_out(cfg: TrainConfig, engine: Engine) -> Path:
         saved_path = out / "config.json"
         if not saved_path.is_file():
             raise FileNotFoundError(f"--resume: {saved_path} not found; start the run without --resume first")
-        saved, now = saved_settings(saved_path), flat(to_dict(cfg))
-        # The chosen types first: a run of another policy type differs in every field of it.
-        for key in sorted(set(saved) | set(now), key=lambda k: (not k.endswith(".type"), k)):
-            if key not in RESUME_MAY_DIFFER and saved.get(key) != now.get(key):
-                raise ValueError(
-                    f"--resume: {key} is {now.get(key)!r} but the run in {out} used {saved.get(key)!r}; "
-                    "pass the run's own settings (see its config.json)"
-                )
+        if (diff := first_difference(saved_path, cfg)) is not None:
+            key, now, saved = diff
+            raise ValueError(
+                f"--resume: {key} is {now!r} but the run in {out} used {saved!r}; "
+                "pass the run's own settings (see its config.json)"
+            )
         return out
     if engine.is_main:
         if out.exists() and any(out.iterdir()):

@@ -110,9 +110,9 @@ def test_mt10_runs_the_seeds_task_as_its_single_task_env_does_and_the_expert_fol
     expert, built once, solves each task it is handed (as collect uses it)."""
     mt = make_env("metaworld/mt10", obs_modes=("joints", "instruction", "state"))
     assert mt.unwrapped.tasks == MT10 and set(MT10) <= set(METAWORLD_ENVS.values())
-    assert (
-        mt.observation_space == MetaWorldEnv("reach-v3", obs_modes=("joints", "instruction", "state")).observation_space
-    )
+    reach = MetaWorldEnv("reach-v3", obs_modes=("joints", "instruction", "state"))
+    assert mt.observation_space == reach.observation_space
+    reach.close()
     expert = make_expert("metaworld/mt10", mt)
     failed = []
     for seed in range(20, 30):
@@ -120,7 +120,7 @@ def test_mt10_runs_the_seeds_task_as_its_single_task_env_does_and_the_expert_fol
         obs, info = mt.reset(seed=seed)
         single = MetaWorldEnv(task, obs_modes=("joints", "instruction", "state"))
         ref, _ = single.reset(seed=seed)
-        assert mt.unwrapped.task == task and obs["instruction"] == ref["instruction"]
+        assert mt.unwrapped.task == task and obs["instruction"] == ref["instruction"] == mt.unwrapped.instruction
         np.testing.assert_array_equal(obs["state"], ref["state"])
         single.close()
         expert.reset(seed)

@@ -71,6 +71,11 @@ class MetaWorldMultiTaskEnv(gym.Env):
         return self.current.task
 
     @property
+    def instruction(self) -> str:
+        """The current episode's instruction (collect stores it whatever the observation keys)."""
+        return self.current.instruction
+
+    @property
     def raw(self) -> Any:
         """The current task's Meta-World env."""
         return self.current.raw
