@@ -159,6 +159,8 @@ class Args:
     """numbers of clients stepping at once"""
     onnx: bool = True
     """serve an exported graph (--onnx) of each policy that exports as well (--no-onnx: torch only)"""
+    name: str = "serve_latency"
+    """results file: benchmarks/results/<name>.json and .md"""
 
 
 def main() -> None:
@@ -235,7 +237,8 @@ def main() -> None:
         "command": "python benchmarks/serve_latency.py"
         + f" --steps {args.steps} --rounds {args.rounds} --clients {' '.join(map(str, args.clients))}"
         + (" --checkpoints " + " ".join(map(str, args.checkpoints)) if args.checkpoints else "")
-        + ("" if args.onnx else " --no-onnx"),
+        + ("" if args.onnx else " --no-onnx")
+        + ("" if args.name == "serve_latency" else f" --name {args.name}"),
         "server": "dmrl serve, one process, one torch / onnxruntime thread; clients: threads of the benchmark process",
         "transport": "WebSocket on 127.0.0.1, msgpack messages",
         "Ta": "8 (checkpoint default): p50 is a queue pop, p99 and plan_p50_ms a planned chunk",
@@ -243,7 +246,7 @@ def main() -> None:
         "added_p50_ms": "p50_ms - direct_ms (the issue's target: <= 1 ms with 1 client)",
         "load_avg_1m_at_end": round(os.getloadavg()[0], 2),  # other jobs on the machine inflate every column
     }
-    write_results("serve_latency", rows, meta, list(rows[0]))
+    write_results(args.name, rows, meta, list(rows[0]))
 
 
 if __name__ == "__main__":
