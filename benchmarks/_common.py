@@ -9,7 +9,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -125,3 +126,40 @@ class LoadSampler:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children so far."""
+    import resource
+
+    usages = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usages)
+
+
+@contextmanager
+def timed_segment(path: Path, segments: list[dict]) -> Iterator[None]:
+    """Time one segment of a (resumable) training run: its wall and CPU minutes and the load every 30 s are appended
+    to ``segments`` (the earlier segments) and the list is written to ``path`` on the way out, also when the segment
+    is interrupted or fails, so a resumed run's minutes add up."""
+    cpu0, t0 = _cpu_seconds(), time.perf_counter()
+    with LoadSampler() as load:
+        try:
+            yield
+        finally:
+            minutes = (time.perf_counter() - t0) / 60
+            segments.append({"minutes": minutes, "cpu_minutes": (_cpu_seconds() - cpu0) / 60, "load": load.samples})
+            path.write_text(json.dumps(segments))
+
+
+def segment_totals(segments: list[dict]) -> dict:
+    """Wall and CPU minutes summed over the segments (an unrecorded one, minutes None, counts 0 and makes
+    minutes_complete false), their count, and the mean and max load sampled during them."""
+    loads = [x for s in segments for x in s["load"]]
+    return {
+        "wall_minutes": round(sum(s["minutes"] or 0 for s in segments), 1),
+        "cpu_minutes": round(sum(s["cpu_minutes"] or 0 for s in segments), 1),
+        "segments": len(segments),
+        "minutes_complete": all(s["minutes"] is not None for s in segments),
+        "load_mean": round(sum(loads) / max(len(loads), 1), 2),
+        "load_max": round(max(loads, default=0.0), 2),
+    }

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sys
 import time
@@ -47,7 +46,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # a spawned worker re-running this file has it removed already (below)
     sys.path.insert(0, str(HERE))
-from _common import RESULTS, LoadSampler, machine, parse_args  # noqa: E402
+from _common import RESULTS, machine, parse_args, segment_totals, timed_segment  # noqa: E402
 
 # This file is named metaworld.py (the name): with benchmarks/ on sys.path, `import metaworld` in the env
 # adapter would find this script instead of the Meta-World package.
@@ -290,24 +289,15 @@ def run_one(task: str, policy: str, seed: int) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         protocol_file(out).write_text(json.dumps(protocol()))
     started = machine()  # the commit that runs, not the one at the end of a long run
-    ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    t0 = time.perf_counter()
     code = 1
-    with LoadSampler() as load:
-        try:
-            code = dmrl(argv)
-        finally:  # an interrupted segment's minutes count too (Ctrl-C: dmrl saves a state and returns 130)
-            ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-            cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1, strict=True))
-            seg = {"minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": cpu / 60, "load": load.samples}
-            seg_path.write_text(json.dumps([*segments, seg]))
-    segments.append(seg)
+    with timed_segment(seg_path, segments):  # an interrupted segment's minutes count too (Ctrl-C: dmrl returns 130)
+        code = dmrl(argv)
     if code != 0:
         raise SystemExit(f"dmrl {' '.join(argv)} failed")
     curve = read_curve(out / "metrics.jsonl")
     summary = json.loads((out / "summary.json").read_text())
     top5, final = top5_final([s for _, s in curve])
-    loads = [x for seg in segments for x in seg["load"]]
+    totals = segment_totals(segments)
     record = {
         "task": task,
         "policy": policy,
@@ -315,15 +305,15 @@ def run_one(task: str, policy: str, seed: int) -> Path:
         "success_top5": top5,
         "success_final": final,
         "curve": curve,
-        "train_minutes": round(sum(seg["minutes"] or 0 for seg in segments), 1),
-        "cpu_minutes": round(sum(seg["cpu_minutes"] or 0 for seg in segments), 1),
-        "segments": len(segments),
-        "minutes_complete": all(seg["minutes"] is not None for seg in segments),
+        "train_minutes": totals["wall_minutes"],
+        "cpu_minutes": totals["cpu_minutes"],
+        "segments": totals["segments"],
+        "minutes_complete": totals["minutes_complete"],
         # Training alone (no evaluation points), from dmrl's summary; only for a run made in one segment.
         "train_only_minutes": round(summary["train_seconds"] / 60, 1) if len(segments) == 1 else None,
         "nice": os.nice(0),
-        "load_mean": round(sum(loads) / max(len(loads), 1), 2),
-        "load_max": round(max(loads, default=0.0), 2),
+        "load_mean": totals["load_mean"],
+        "load_max": totals["load_max"],
         "demos": DEMOS,
         "demo_success": demo_success,
         "protocol": protocol(),

@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
-from _common import RESULTS, LoadSampler, machine, parse_args  # noqa: E402
+from _common import RESULTS, machine, parse_args, segment_totals, timed_segment  # noqa: E402
 
 # benchmarks/metaworld.py would shadow the Meta-World package for the env adapter's `import metaworld`.
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
@@ -132,16 +130,9 @@ def train(a: Args, data: Path, run: Path) -> dict:
     segments = json.loads(seg_path.read_text()) if plan != "fresh" and seg_path.is_file() else []
     if plan == "reuse":
         return _segments(segments)
-    ru0 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    t0, code = time.perf_counter(), 1
-    with LoadSampler() as load:
-        try:
-            code = dmrl([*argv[:-1], "--resume"] if plan == "resume" else argv)
-        finally:  # an interrupted segment's minutes count too
-            ru1 = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-            cpu = sum(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime for a, b in zip(ru0, ru1, strict=True))
-            segments.append({"minutes": (time.perf_counter() - t0) / 60, "cpu_minutes": cpu / 60, "load": load.samples})
-            seg_path.write_text(json.dumps(segments))
+    code = 1
+    with timed_segment(seg_path, segments):  # an interrupted segment's minutes count too
+        code = dmrl([*argv[:-1], "--resume"] if plan == "resume" else argv)
     if code != 0:
         raise SystemExit(f"dmrl {' '.join(argv)} failed")
     return _segments(segments)
@@ -156,13 +147,8 @@ def _finished(run: Path) -> bool:
 
 
 def _segments(segments: list[dict]) -> dict:
-    loads = [x for s in segments for x in s["load"]]
-    return {
-        "wall_minutes": round(sum(s["minutes"] for s in segments), 1),
-        "cpu_minutes": round(sum(s["cpu_minutes"] for s in segments), 1),
-        "segments": len(segments),
-        "load_mean": round(sum(loads) / max(len(loads), 1), 2),
-    }
+    totals = segment_totals(segments)
+    return {k: totals[k] for k in ("wall_minutes", "cpu_minutes", "segments", "load_mean")}
 
 
 def evaluate(a: Args, run: Path, task: str, split: str) -> dict:
