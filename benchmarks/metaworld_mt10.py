@@ -46,8 +46,8 @@ SELECTION_SEED = 200000
 
 @dataclass
 class Args:
-    seed: int = 0
-    """Training seed."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds: each is trained and evaluated; the table gives the mean over them and each seed's number."""
     demos: int = 50
     """Scripted demonstrations per task."""
     steps: int | None = None
@@ -84,8 +84,8 @@ def collect(a: Args) -> Path:
     return data
 
 
-def train_argv(a: Args, data: Path, run: Path) -> list[str]:
-    argv = ["train", "--config", str(a.config), "--dataset", str(data), "--out", str(run), "--seed", str(a.seed)]
+def train_argv(a: Args, data: Path, run: Path, seed: int) -> list[str]:
+    argv = ["train", "--config", str(a.config), "--dataset", str(data), "--out", str(run), "--seed", str(seed)]
     argv += [] if a.steps is None else ["--steps", str(a.steps)]
     # Curve points on the selection seeds: a monitor, kept apart from the per-task results' seeds.
     argv += ["--source.curve-every", str(a.curve_every), "--source.curve-episodes", str(a.curve_episodes)]
@@ -120,11 +120,11 @@ def plan_training(argv: list[str], run: Path) -> str:
     return "resume" if state.is_dir() and any(state.iterdir()) else "fresh"
 
 
-def train(a: Args, data: Path, run: Path) -> dict:
+def train(a: Args, data: Path, run: Path, seed: int) -> dict:
     """Train (or reuse a finished run, or continue an interrupted one); returns its minutes and load."""
     from dmrl.cli import main as dmrl
 
-    argv = train_argv(a, data, run)
+    argv = train_argv(a, data, run, seed)
     seg_path = run.with_name(run.name + ".segments.json")
     plan = plan_training(argv, run)
     segments = json.loads(seg_path.read_text()) if plan != "fresh" and seg_path.is_file() else []
@@ -178,30 +178,96 @@ def _done(path: Path, weights: Path, seeds: list[int]) -> bool:
     return path.stat().st_mtime > weights.stat().st_mtime and done.get("seeds") == seeds  # [first, last]
 
 
-def rows_and_summary(per_task: dict[str, dict[str, dict]], demo_success: dict[str, float]) -> tuple[list, dict]:
-    """One row per task (success on each paraphrase set, with its Wilson interval) and the averages over tasks."""
+def language_probe(checkpoint: Path) -> dict[str, dict]:
+    """Where each task's held-out sentence lands for the trained policy: per task and view of its encoder (``text``
+    the frozen MiniLM's sentence embedding; ``film`` the FiLM the policy applies to the image features), the train
+    task whose train sentences are nearest (cosine, the best of a task's sentences) and the margin, own task's
+    similarity minus the best other task's (negative: it lands nearer another task)."""
+    import torch
+
+    from dmrl.envs.suites.metaworld_language import INSTRUCTIONS
+    from dmrl.policies.checkpoint import load_policy
+
+    policy, _ = load_policy(checkpoint)
+    names = [t.removesuffix("-v3") for t in MT10]
+    train = [(i, s) for i, t in enumerate(names) for s in INSTRUCTIONS[t][0]]
+    heldout = [INSTRUCTIONS[t][1][0] for t in names]
+    views_train = policy.encoder.instruction_views([s for _, s in train])
+    views_heldout = policy.encoder.instruction_views(heldout)
+    owner = torch.tensor([i for i, _ in train])
+    probe: dict[str, dict] = {t: {"heldout_sentence": h} for t, h in zip(MT10, heldout, strict=True)}
+    for view in ("text", "film"):
+        if view not in views_train:
+            continue
+        a = torch.nn.functional.normalize(views_heldout[view], dim=-1)
+        b = torch.nn.functional.normalize(views_train[view], dim=-1)
+        sim = a @ b.T  # (10 held-out, 20 train sentences)
+        per_task = torch.stack([sim[:, owner == i].max(1).values for i in range(len(MT10))], 1)  # (10, 10)
+        for i, task in enumerate(MT10):
+            others = torch.cat([per_task[i, :i], per_task[i, i + 1 :]])
+            probe[task][f"nearest_{view}"] = MT10[int(per_task[i].argmax())]
+            probe[task][f"margin_{view}"] = round(float(per_task[i, i] - others.max()), 3)
+    return probe
+
+
+def rows_and_summary(
+    per_seed: dict[int, dict[str, dict[str, dict]]], demo_success: dict[str, float], probes: dict[int, dict] | None
+) -> tuple[list, dict]:
+    """One row per task and paraphrase set (the issue's schema: task, paraphrases, success_rate, episodes): the mean
+    over seeds of each seed's success, each seed's, the Wilson interval of all episodes pooled; with ``probes`` (per
+    seed, from language_probe) where the held-out sentence lands. Then the averages over tasks, overall and per seed."""
+    from dmrl.train.metrics import wilson_interval
+
+    seeds = sorted(per_seed)
     rows = []
     for task in MT10:
-        row: dict = {"task": task, "demo_success": demo_success.get(task)}
         for split in SPLITS:
-            r = per_task[task][split]
-            row[f"{split}_success"] = round(100 * r["success_rate"], 1)
-            row[f"{split}_ci"] = [round(100 * r["ci_low"], 1), round(100 * r["ci_high"], 1)]
-            row[f"{split}_episodes"] = r["episodes"]
-        rows.append(row)
-    avg = {s: round(sum(r[f"{s}_success"] for r in rows) / len(rows), 1) for s in SPLITS}
-    return rows, {"average_train": avg["train"], "average_heldout": avg["heldout"]}
+            results = [per_seed[s][task][split] for s in seeds]
+            wins = sum(round(r["success_rate"] * r["episodes"]) for r in results)
+            n = sum(r["episodes"] for r in results)
+            low, high = wilson_interval(wins, n)
+            row: dict = {"task": task, "paraphrases": split, "success_rate": round(100 * wins / n, 1), "episodes": n}
+            row |= {"ci": [round(100 * low, 1), round(100 * high, 1)], "demo_success": demo_success.get(task)}
+            row["per_seed"] = {str(s): round(100 * r["success_rate"], 1) for s, r in zip(seeds, results, strict=True)}
+            if probes and split == "heldout":
+                row["sentence"] = probes[seeds[0]][task]["heldout_sentence"]
+                row["lands_near"] = {
+                    f"{view}_seed{s}" if view == "film" else view: probes[s][task][f"nearest_{view}"]
+                    for s in seeds
+                    for view in ("text", "film")
+                    if f"nearest_{view}" in probes[s][task]
+                }
+            rows.append(row)
+
+    def average(split: str, seed: int | None = None) -> float:
+        picked = [r for r in rows if r["paraphrases"] == split]
+        values = [r["success_rate"] if seed is None else r["per_seed"][str(seed)] for r in picked]
+        return round(sum(values) / len(values), 1)
+
+    summary = {"average_train": average("train"), "average_heldout": average("heldout")}
+    summary |= {f"average_{split}_per_seed": {str(s): average(split, s) for s in seeds} for split in SPLITS}
+    return rows, summary
 
 
 def markdown(name: str, rows: list[dict], summary: dict, meta: dict) -> str:
-    head = "| task | train paraphrases (%) | 95% CI | held-out paraphrases (%) | 95% CI | episodes | demo success |\n"
-    head += "|---|---|---|---|---|---|---|\n"
-    body = "".join(
-        f"| {r['task']} | {r['train_success']} | {r['train_ci']} | {r['heldout_success']} | {r['heldout_ci']} | "
-        f"{r['train_episodes']} + {r['heldout_episodes']} | {r['demo_success']} |\n"
-        for r in rows
-    )
-    body += f"| **average over tasks** | **{summary['average_train']}** | | **{summary['average_heldout']}** | | | |\n"
+    head = "| task | train paraphrases (%) | 95% CI | held-out paraphrases (%) | 95% CI | episodes | per seed "
+    head += "(train / held-out) | held-out sentence lands nearest (MiniLM; policy's FiLM) | demo success |\n"
+    head += "|---|---|---|---|---|---|---|---|---|\n"
+    body = ""
+    for task in MT10:
+        tr, ho = (next(r for r in rows if r["task"] == task and r["paraphrases"] == s) for s in SPLITS)
+        seeds = " ; ".join(f"{tr['per_seed'][s]} / {ho['per_seed'][s]}" for s in tr["per_seed"])
+        lands = ho.get("lands_near", {})
+        near = ""
+        if lands:  # MiniLM's view is the policy's frozen text encoder, the same for every seed; FiLM's per seed
+            film = ", ".join(v.removesuffix("-v3") for k, v in lands.items() if k != "text")
+            near = f"{lands.get('text', '?').removesuffix('-v3')}; {film}"
+        body += (
+            f"| {task} | {tr['success_rate']} | {tr['ci']} | {ho['success_rate']} | {ho['ci']} | "
+            f"{tr['episodes']} + {ho['episodes']} | {seeds} | {near} | {tr['demo_success']} |\n"
+        )
+    body += f"| **average over tasks** | **{summary['average_train']}** | | **{summary['average_heldout']}** |"
+    body += " | | | | |\n"
     bullets = "".join(f"- {k}: {v}\n" for k, v in {**summary, **meta}.items())
     return f"# {name}\n\n{head}{body}\n{bullets}"
 
@@ -213,8 +279,8 @@ def _interrupt(signum, frame) -> None:
 def main() -> None:
     a = parse_args(Args, __doc__)
     a.out, a.config = a.out.resolve(), a.config.resolve()  # the run's config.json keeps them; compared on reuse
-    if a.demos < 1 or a.eval_episodes < 1 or (a.steps is not None and a.steps < 1):
-        print("--demos, --eval-episodes and --steps must be >= 1", file=sys.stderr)
+    if a.demos < 1 or a.eval_episodes < 1 or (a.steps is not None and a.steps < 1) or not a.seeds:
+        print("--demos, --eval-episodes and --steps must be >= 1, --seeds must name one or more", file=sys.stderr)
         raise SystemExit(2)
     if not a.config.is_file():
         print(f"--config: {a.config} does not exist", file=sys.stderr)
@@ -229,34 +295,40 @@ def main() -> None:
     store = EpisodeStore.open(data)
     task_of = store.seeds % len(MT10)  # metaworld/mt10 runs task seed mod 10
     demo_success = {t: round(float(store.success[task_of == i].mean()), 3) for i, t in enumerate(MT10)}
-    run = a.out / f"run_seed{a.seed}"
-    timing = train(a, data, run)
-    summary = json.loads((run / "summary.json").read_text())
-    per_task = {t: {s: evaluate(a, run, t, s) for s in SPLITS} for t in MT10}
-    rows, avg = rows_and_summary(per_task, demo_success)
-    train_minutes = round(summary["train_seconds"] / 60, 1) if timing["segments"] == 1 else None
+    per_seed, probes, runs = {}, {}, {}
+    for seed in a.seeds:
+        run = a.out / f"run_seed{seed}"
+        timing = train(a, data, run, seed)
+        summary = json.loads((run / "summary.json").read_text())
+        per_seed[seed] = {t: {s: evaluate(a, run, t, s) for s in SPLITS} for t in MT10}
+        probes[seed] = language_probe(run / "checkpoint")
+        curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "curve_success" in x]
+        train_minutes = round(summary["train_seconds"] / 60, 1) if timing["segments"] == 1 else None
+        runs[str(seed)] = {
+            "dmrl_train": "dmrl " + " ".join(train_argv(a, data, run, seed)),
+            "steps": summary["train_steps"],
+            "train_only_minutes": train_minutes,
+            "timing": timing,
+            "curve": [[c["step"], c["curve_success"]] for c in curve],
+            "curve_seeds": f"{json.loads((run / 'config.json').read_text())['eval_seed']}.. "
+            f"({a.curve_episodes} per point)",
+        }
+    rows, avg = rows_and_summary(per_seed, demo_success, probes)
+    minutes = [r["train_only_minutes"] for r in runs.values()]
     avg |= {
         "target_average_60": avg["average_train"] >= TARGETS["average"],
         "target_heldout_50": avg["average_heldout"] >= TARGETS["heldout"],
-        "train_only_minutes": train_minutes,
-        "target_train_minutes_120": None if train_minutes is None else train_minutes <= TARGETS["train_minutes"],
+        "target_train_minutes_120": None if None in minutes else max(minutes) <= TARGETS["train_minutes"],
     }
-    curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "curve_success" in x]
     meta = {
         **started,
         "command": " ".join(["python", "benchmarks/metaworld_mt10.py", *sys.argv[1:]]),
-        "dmrl_train": "dmrl " + " ".join(train_argv(a, data, run)),
-        "seed": a.seed,
+        "seeds": list(a.seeds),
         "demos_per_task": a.demos,
-        "steps": summary["train_steps"],
-        "eval_seeds": f"{a.eval_seed}..{a.eval_seed + a.eval_episodes - 1} per task and paraphrase set",
-        "timing": timing
-        | {
-            "note": "wall and CPU minutes of training with its curve points; train_only_minutes "
-            "is dmrl's train_seconds (one segment only)"
-        },
-        "curve": [[c["step"], c["curve_success"]] for c in curve],
-        "curve_seeds": f"{json.loads((run / 'config.json').read_text())['eval_seed']}.. ({a.curve_episodes} per point)",
+        "eval_seeds": f"{a.eval_seed}..{a.eval_seed + a.eval_episodes - 1} per task, paraphrase set and training seed",
+        "runs": runs,
+        "timing_note": "per run: wall and CPU minutes of training with its curve points; train_only_minutes is "
+        "dmrl's train_seconds (a run made in one segment only)",
         "eval_envs": a.eval_envs,
         "anchors_percent": ANCHORS,
         "anchors_note": "as the issue quotes them: MT50 in TinyVLA's setup (tabulated by SmolVLA), not MT10, and "

@@ -21,8 +21,8 @@ def test_train_argv_parses_with_the_preset_and_reads_rgb_proprio_and_the_instruc
     from dmrl.config_utils import load_yaml, merge
     from dmrl.train.config import TrainConfig
 
-    a = mt.Args(seed=2, steps=300)
-    argv = mt.train_argv(a, tmp_path / "demos.zarr", tmp_path / "run")
+    a = mt.Args(seeds=(2,), steps=300)
+    argv = mt.train_argv(a, tmp_path / "demos.zarr", tmp_path / "run", 2)
     preset, rest = _split_preset(argv[1:])
     assert argv[0] == "train" and Path(preset) == ROOT / "configs" / "metaworld_mt10.yaml"
     cfg = _parse(TrainConfig, rest, "dmrl train", merge(TrainConfig(), load_yaml(preset)))
@@ -36,42 +36,42 @@ def test_train_argv_parses_with_the_preset_and_reads_rgb_proprio_and_the_instruc
     assert tuple(enc.resnet.widths) == (16, 16, 32, 32) and tuple(enc.resnet.stage_strides) == (1, 1, 2, 2)
     assert tuple(cfg.chunk.aux_state) == (4, 5, 6, 36, 37, 38)
     default_steps = _parse(TrainConfig, [], "dmrl train", merge(TrainConfig(), load_yaml(preset))).steps
-    assert "--steps" not in mt.train_argv(mt.Args(), tmp_path / "d", tmp_path / "r") and default_steps > 1000
+    assert "--steps" not in mt.train_argv(mt.Args(), tmp_path / "d", tmp_path / "r", 0) and default_steps > 1000
 
 
-def _write_run(mt, a, run: Path, data: Path) -> None:
+def _write_run(mt, a, run: Path, data: Path, seed: int = 0) -> None:
     """config.json as dmrl train writes it for the benchmark's command."""
     from dmrl.cli import parse_config
     from dmrl.config_utils import to_dict
 
     run.mkdir(parents=True, exist_ok=True)
-    (run / "config.json").write_text(json.dumps(to_dict(parse_config(mt.train_argv(a, data, run))), indent=2))
+    (run / "config.json").write_text(json.dumps(to_dict(parse_config(mt.train_argv(a, data, run, seed))), indent=2))
 
 
 def test_a_finished_run_is_reused_an_interrupted_one_resumed_and_one_of_other_settings_never_touched(mt, tmp_path):
     data, run = tmp_path / "demos.zarr", tmp_path / "run_seed0"
     a = mt.Args(steps=300)
-    assert mt.plan_training(mt.train_argv(a, data, run), run) == "fresh"  # nothing there
+    assert mt.plan_training(mt.train_argv(a, data, run, 0), run) == "fresh"  # nothing there
     _write_run(mt, a, run, data)
     assert not mt._finished(run)
-    assert mt.plan_training(mt.train_argv(a, data, run), run) == "fresh"  # started, saved nothing
+    assert mt.plan_training(mt.train_argv(a, data, run, 0), run) == "fresh"  # started, saved nothing
     (run / "state" / "step_2000").mkdir(parents=True)
-    assert mt.plan_training(mt.train_argv(a, data, run), run) == "resume"
+    assert mt.plan_training(mt.train_argv(a, data, run, 0), run) == "resume"
     (run / "summary.json").write_text(json.dumps({"train_steps": 300}))  # dmrl writes it when a run completes
-    assert mt._finished(run) and mt.plan_training(mt.train_argv(a, data, run), run) == "reuse"
+    assert mt._finished(run) and mt.plan_training(mt.train_argv(a, data, run, 0), run) == "reuse"
     # Where, how often and how many episodes it evaluates do not make another run ...
     faster = mt.Args(steps=300, eval_envs=4, curve_every=500, curve_episodes=10)
-    assert mt.plan_training(mt.train_argv(faster, data, run), run) == "reuse"
+    assert mt.plan_training(mt.train_argv(faster, data, run, 0), run) == "reuse"
     # ... what it trains does, and the run is left as it is, with a one-line reason.
-    for other in (mt.Args(steps=400), mt.Args(steps=300, seed=1)):
+    for other, seed in ((mt.Args(steps=400), 0), (mt.Args(steps=300), 1)):
         with pytest.raises(SystemExit, match=r"was trained with (steps|seed) = .*move it away") as e:
-            mt.plan_training(mt.train_argv(other, data, run), run)
+            mt.plan_training(mt.train_argv(other, data, run, seed), run)
         assert "\n" not in str(e.value)
     assert (run / "summary.json").is_file() and (run / "state" / "step_2000").is_dir()
     stray = tmp_path / "stray"
     (stray / "x").mkdir(parents=True)
     with pytest.raises(SystemExit, match="other than a dmrl run"):
-        mt.plan_training(mt.train_argv(a, data, stray), stray)
+        mt.plan_training(mt.train_argv(a, data, stray, 0), stray)
 
 
 def test_an_evaluation_is_reused_only_if_readable_newer_than_the_weights_and_on_the_same_seeds(mt, tmp_path):
@@ -89,15 +89,50 @@ def test_an_evaluation_is_reused_only_if_readable_newer_than_the_weights_and_on_
     assert not mt._done(path, weights, [100000, 100019])
 
 
-def test_rows_and_averages_over_the_ten_tasks(mt):
+def test_rows_pool_seeds_and_averages_are_over_the_ten_tasks(mt):
     def result(k: int, n: int = 20) -> dict:
         return {"success_rate": k / n, "ci_low": 0.1, "ci_high": 0.9, "episodes": n}
 
-    per_task = {t: {"train": result(i), "heldout": result(i // 2)} for i, t in enumerate(mt.MT10)}
-    rows, avg = mt.rows_and_summary(per_task, {t: 1.0 for t in mt.MT10})
-    assert [r["task"] for r in rows] == list(mt.MT10) and len(rows) == 10
-    assert rows[3]["train_success"] == 15.0 and rows[3]["heldout_success"] == 5.0
-    assert avg["average_train"] == pytest.approx(100 * sum(range(10)) / 20 / 10)
-    assert avg["average_heldout"] == pytest.approx(100 * sum(i // 2 for i in range(10)) / 20 / 10)
+    per_seed = {
+        0: {t: {"train": result(i), "heldout": result(i // 2)} for i, t in enumerate(mt.MT10)},
+        1: {t: {"train": result(i + 2), "heldout": result(0)} for i, t in enumerate(mt.MT10)},
+    }
+    probe = {
+        t: {"heldout_sentence": f"s{i}", "nearest_text": t, "nearest_film": mt.MT10[0]} for i, t in enumerate(mt.MT10)
+    }
+    rows, avg = mt.rows_and_summary(per_seed, {t: 1.0 for t in mt.MT10}, {0: probe, 1: probe})
+    # The issue's schema: a row per task and paraphrase set.
+    assert [(r["task"], r["paraphrases"]) for r in rows] == [(t, s) for t in mt.MT10 for s in ("train", "heldout")]
+    train3 = rows[6]
+    assert (train3["task"], train3["paraphrases"]) == (mt.MT10[3], "train")
+    assert train3["episodes"] == 40 and train3["success_rate"] == 100 * (3 + 5) / 40
+    assert train3["per_seed"] == {"0": 15.0, "1": 25.0} and train3["ci"][0] < 20.0 < train3["ci"][1]
+    assert rows[7]["lands_near"] == {"text": mt.MT10[3], "film_seed0": mt.MT10[0], "film_seed1": mt.MT10[0]}
+    assert avg["average_train"] == pytest.approx(100 * (sum(range(10)) + sum(range(2, 12))) / 40 / 10, abs=0.05)
+    assert avg["average_train_per_seed"] == {"0": 22.5, "1": 32.5}
+    assert avg["average_heldout_per_seed"] == {"0": 10.0, "1": 0.0} and avg["average_heldout"] == 5.0
     md = mt.markdown("x", rows, avg, {"command": "c"})
-    assert "| **average over tasks** | **22.5** | | **10.0** |" in md
+    assert "| **average over tasks** | **27.5** | | **5.0** |" in md
+    assert f"| {mt.MT10[3]} | 20.0 |" in md and "15.0 / 5.0 ; 25.0 / 0.0" in md
+
+
+def test_language_probe_names_the_nearest_train_task_and_the_margin(mt, monkeypatch):
+    import torch
+
+    import dmrl.policies.checkpoint as checkpoint
+
+    class Encoder:
+        """Train sentences of task i lie on axis i; held-out sentence i on axis i, except task 2's on axis 5."""
+
+        def instruction_views(self, sentences):
+            heldout = len(sentences) == len(mt.MT10)
+            axis = [(5 if i == 2 else i) for i in range(10)] if heldout else [i // 2 for i in range(20)]
+            film = torch.eye(10)[axis] + 0.1
+            return {"film": film, "tokens": film}
+
+    monkeypatch.setattr(checkpoint, "load_policy", lambda path: (type("P", (), {"encoder": Encoder()})(), {}))
+    probe = mt.language_probe(Path("unused"))
+    assert list(probe) == list(mt.MT10) and probe[mt.MT10[0]]["heldout_sentence"]
+    assert probe[mt.MT10[0]]["nearest_film"] == mt.MT10[0] and probe[mt.MT10[0]]["margin_film"] > 0.5
+    assert probe[mt.MT10[2]]["nearest_film"] == mt.MT10[5] and probe[mt.MT10[2]]["margin_film"] < -0.5
+    assert "nearest_text" not in probe[mt.MT10[0]]  # a view the encoder does not give is left out

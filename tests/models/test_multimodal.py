@@ -580,3 +580,36 @@ def test_image_obs_steps_errors_name_the_key() -> None:
         make_encoder(("rgb",), image_obs_steps=3)
     with pytest.raises(ValueError, match=r"chunk.encoder.image_obs_steps: got 3; .* chunk.n_obs_steps = 2"):
         ChunkConfig(obs_keys=("rgb",), encoder=MultimodalEncoderConfig(image_obs_steps=3))
+
+
+def test_instruction_views_are_what_the_forward_pass_uses() -> None:
+    class TextWithStates(FakeText):
+        def hidden_states(self, instructions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+            return self(instructions)
+
+    fine = ResNetGNConfig(widths=(8, 8, 16, 16), n_keypoints=5, stem_pool=False, stage_strides=(1, 2, 2, 1))
+    enc = make_encoder(("rgb", "instruction"), rgb_encoder="resnet", resnet=fine, instruction_film=True).eval()
+    enc.text_encoder = TextWithStates()
+    torch.nn.init.normal_(enc.film.weight, std=0.5)
+    obs = make_obs()
+    seen = {}
+    rgb = enc.frames["rgb"]
+    original = rgb.forward
+
+    def spy(images, film=None):
+        seen["film"] = film
+        return original(images, film)
+
+    rgb.forward = spy
+    with torch.no_grad():
+        enc(obs)
+    rgb.forward = original
+    views = enc.instruction_views(obs["instruction"])
+    torch.testing.assert_close(views["film"], seen["film"])  # the FiLM the image features got
+    assert views["tokens"].shape == (B, D) and views["text"].shape == (B, FakeText.out_dim)
+    # A sentence's views do not depend on the batch it is in.
+    alone = enc.instruction_views(obs["instruction"][1:2])
+    for key, value in alone.items():
+        torch.testing.assert_close(value[0], views[key][1])
+    with pytest.raises(ValueError, match="no instruction modality"):
+        make_encoder(("rgb", "joints")).instruction_views(["open the drawer"])

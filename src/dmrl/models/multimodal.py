@@ -368,3 +368,23 @@ class MultimodalEncoder(nn.Module):
             pooled=pooled,
             present={name: parts[i][1].any(dim=1) for i, name in enumerate(g.modalities)},
         )
+
+    @torch.no_grad()
+    def instruction_views(self, instructions: Sequence[str]) -> dict[str, Tensor]:
+        """For analysis (no dropout): how this encoder reads B instructions, each view (B, *) float32:
+        ``text`` the mean of the text encoder's raw token states (for MiniLM, its sentence embedding), ``tokens`` the
+        mean of the projected instruction tokens the fusion receives, and with instruction_film ``film`` (B, 2C), the
+        FiLM applied to the image features. Comparing views of paraphrases tells where a sentence lands for the policy.
+        """
+        if self.text_encoder is None:
+            raise ValueError("MultimodalEncoder.instruction_views: this encoder has no instruction modality")
+        tokens, mask = self._encode("instruction", instructions)
+        m = mask[..., None].float()
+        views = {"tokens": (tokens.float() * m).sum(1) / m.sum(1).clamp_min(1)}
+        if hasattr(self.text_encoder, "hidden_states"):  # LanguageEncoder (a stand-in in tests may lack it)
+            hidden, hidden_mask = self.text_encoder.hidden_states(list(instructions))
+            hm = hidden_mask[..., None].float()
+            views["text"] = (hidden.float() * hm).sum(1) / hm.sum(1).clamp_min(1)
+        if self.film is not None:
+            views["film"] = self._from_instruction(self.film, tokens, mask).float()
+        return views
