@@ -210,12 +210,58 @@ def language_probe(checkpoint: Path) -> dict[str, dict]:
     return probe
 
 
+def position_probe(checkpoint: Path, seeds: range) -> dict[str, dict]:
+    """Whether the trained encoder sees where things are in new layouts: per task, over the first frames of
+    ``seeds``, the auxiliary head's RMS error (cm) for the first object's xyz (state 4-6) and the goal's (36-38)
+    beside the spread (std, cm) of the true positions. An error near the spread is the head predicting the mean: the
+    policy does not locate them. {} for a policy without that auxiliary head."""
+    import numpy as np
+    import torch
+
+    from dmrl.envs.suites.metaworld import MetaWorldEnv
+    from dmrl.policies.checkpoint import load_policy
+    from dmrl.policies.observations import roll_history, step_tensors
+
+    policy, _ = load_policy(checkpoint)
+    if policy.aux_head is None or tuple(policy.chunk.aux_state) != (4, 5, 6, 36, 37, 38):
+        return {}
+    keys = list(policy.chunk.obs_keys)
+    probe = {}
+    for task in MT10:
+        env = MetaWorldEnv(task, obs_modes=(*keys, "state"))
+        predicted, true = [], []
+        for seed in seeds:
+            obs, _ = env.reset(seed=seed)
+            step, _ = step_tensors(obs, keys, torch.device("cpu"))
+            history = roll_history(None, step, torch.ones(1, dtype=torch.bool), policy.chunk.n_obs_steps)
+            with torch.no_grad():
+                pooled = policy.encode(history)
+                normalised = policy.aux_head(pooled)[0]
+            predicted.append(((normalised - policy.aux_offset) / policy.aux_scale).numpy())
+            true.append(obs["state"][[4, 5, 6, 36, 37, 38]])
+        env.close()
+        predicted, true = np.asarray(predicted), np.asarray(true)
+        error = 100 * np.sqrt(((predicted - true) ** 2).mean(0))
+        spread = 100 * true.std(0)
+        probe[task] = {
+            "object_error_cm": round(float(np.linalg.norm(error[:3])), 1),
+            "object_spread_cm": round(float(np.linalg.norm(spread[:3])), 1),
+            "goal_error_cm": round(float(np.linalg.norm(error[3:])), 1),
+            "goal_spread_cm": round(float(np.linalg.norm(spread[3:])), 1),
+        }
+    return probe
+
+
 def rows_and_summary(
-    per_seed: dict[int, dict[str, dict[str, dict]]], demo_success: dict[str, float], probes: dict[int, dict] | None
+    per_seed: dict[int, dict[str, dict[str, dict]]],
+    demo_success: dict[str, float],
+    probes: dict[int, dict] | None,
+    positions: dict[int, dict] | None = None,
 ) -> tuple[list, dict]:
     """One row per task and paraphrase set (the issue's schema: task, paraphrases, success_rate, episodes): the mean
     over seeds of each seed's success, each seed's, the Wilson interval of all episodes pooled; with ``probes`` (per
-    seed, from language_probe) where the held-out sentence lands. Then the averages over tasks, overall and per seed."""
+    seed, from language_probe) where the held-out sentence lands, with ``positions`` (per seed, from position_probe)
+    how well the policy locates the object and goal. Then the averages over tasks, overall and per seed."""
     from dmrl.train.metrics import wilson_interval
 
     seeds = sorted(per_seed)
@@ -237,6 +283,8 @@ def rows_and_summary(
                     for view in ("text", "film")
                     if f"nearest_{view}" in probes[s][task]
                 }
+            if positions and split == "train":
+                row["located"] = {str(s): positions[s][task] for s in seeds if task in positions.get(s, {})}
             rows.append(row)
 
     def average(split: str, seed: int | None = None) -> float:
@@ -251,8 +299,9 @@ def rows_and_summary(
 
 def markdown(name: str, rows: list[dict], summary: dict, meta: dict) -> str:
     head = "| task | train paraphrases (%) | 95% CI | held-out paraphrases (%) | 95% CI | episodes | per seed "
-    head += "(train / held-out) | held-out sentence lands nearest (MiniLM; policy's FiLM) | demo success |\n"
-    head += "|---|---|---|---|---|---|---|---|---|\n"
+    head += "(train / held-out) | held-out sentence lands nearest (MiniLM; policy's FiLM) | object, goal located: "
+    head += "error / spread (cm) | demo success |\n"
+    head += "|---|---|---|---|---|---|---|---|---|---|\n"
     body = ""
     for task in MT10:
         tr, ho = (next(r for r in rows if r["task"] == task and r["paraphrases"] == s) for s in SPLITS)
@@ -262,12 +311,16 @@ def markdown(name: str, rows: list[dict], summary: dict, meta: dict) -> str:
         if lands:  # MiniLM's view is the policy's frozen text encoder, the same for every seed; FiLM's per seed
             film = ", ".join(v.removesuffix("-v3") for k, v in lands.items() if k != "text")
             near = f"{lands.get('text', '?').removesuffix('-v3')}; {film}"
+        located = " ; ".join(
+            f"{x['object_error_cm']} / {x['object_spread_cm']}, {x['goal_error_cm']} / {x['goal_spread_cm']}"
+            for x in tr.get("located", {}).values()
+        )
         body += (
             f"| {task} | {tr['success_rate']} | {tr['ci']} | {ho['success_rate']} | {ho['ci']} | "
-            f"{tr['episodes']} + {ho['episodes']} | {seeds} | {near} | {tr['demo_success']} |\n"
+            f"{tr['episodes']} + {ho['episodes']} | {seeds} | {near} | {located} | {tr['demo_success']} |\n"
         )
     body += f"| **average over tasks** | **{summary['average_train']}** | | **{summary['average_heldout']}** |"
-    body += " | | | | |\n"
+    body += " | | | | | |\n"
     bullets = "".join(f"- {k}: {v}\n" for k, v in {**summary, **meta}.items())
     return f"# {name}\n\n{head}{body}\n{bullets}"
 
@@ -295,13 +348,14 @@ def main() -> None:
     store = EpisodeStore.open(data)
     task_of = store.seeds % len(MT10)  # metaworld/mt10 runs task seed mod 10
     demo_success = {t: round(float(store.success[task_of == i].mean()), 3) for i, t in enumerate(MT10)}
-    per_seed, probes, runs = {}, {}, {}
+    per_seed, probes, positions, runs = {}, {}, {}, {}
     for seed in a.seeds:
         run = a.out / f"run_seed{seed}"
         timing = train(a, data, run, seed)
         summary = json.loads((run / "summary.json").read_text())
         per_seed[seed] = {t: {s: evaluate(a, run, t, s) for s in SPLITS} for t in MT10}
         probes[seed] = language_probe(run / "checkpoint")
+        positions[seed] = position_probe(run / "checkpoint", range(a.eval_seed, a.eval_seed + a.eval_episodes))
         curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "curve_success" in x]
         train_minutes = round(summary["train_seconds"] / 60, 1) if timing["segments"] == 1 else None
         runs[str(seed)] = {
@@ -313,7 +367,7 @@ def main() -> None:
             "curve_seeds": f"{json.loads((run / 'config.json').read_text())['eval_seed']}.. "
             f"({a.curve_episodes} per point)",
         }
-    rows, avg = rows_and_summary(per_seed, demo_success, probes)
+    rows, avg = rows_and_summary(per_seed, demo_success, probes, positions)
     minutes = [r["train_only_minutes"] for r in runs.values()]
     avg |= {
         "target_average_60": avg["average_train"] >= TARGETS["average"],

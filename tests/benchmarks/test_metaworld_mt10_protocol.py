@@ -100,7 +100,9 @@ def test_rows_pool_seeds_and_averages_are_over_the_ten_tasks(mt):
     probe = {
         t: {"heldout_sentence": f"s{i}", "nearest_text": t, "nearest_film": mt.MT10[0]} for i, t in enumerate(mt.MT10)
     }
-    rows, avg = mt.rows_and_summary(per_seed, {t: 1.0 for t in mt.MT10}, {0: probe, 1: probe})
+    located = {"object_error_cm": 6.4, "object_spread_cm": 6.5, "goal_error_cm": 1.0, "goal_spread_cm": 5.3}
+    positions = {s: {t: located for t in mt.MT10} for s in (0, 1)}
+    rows, avg = mt.rows_and_summary(per_seed, {t: 1.0 for t in mt.MT10}, {0: probe, 1: probe}, positions)
     # The schema: a row per task and paraphrase set.
     assert [(r["task"], r["paraphrases"]) for r in rows] == [(t, s) for t in mt.MT10 for s in ("train", "heldout")]
     train3 = rows[6]
@@ -114,6 +116,8 @@ def test_rows_pool_seeds_and_averages_are_over_the_ten_tasks(mt):
     md = mt.markdown("x", rows, avg, {"command": "c"})
     assert "| **average over tasks** | **27.5** | | **5.0** |" in md
     assert f"| {mt.MT10[3]} | 20.0 |" in md and "15.0 / 5.0 ; 25.0 / 0.0" in md
+    assert train3["located"] == {"0": located, "1": located} and "located" not in rows[7]
+    assert "| 6.4 / 6.5, 1.0 / 5.3 ; 6.4 / 6.5, 1.0 / 5.3 |" in md
 
 
 def test_language_probe_names_the_nearest_train_task_and_the_margin(mt, monkeypatch):
@@ -136,3 +140,56 @@ def test_language_probe_names_the_nearest_train_task_and_the_margin(mt, monkeypa
     assert probe[mt.MT10[0]]["nearest_film"] == mt.MT10[0] and probe[mt.MT10[0]]["margin_film"] > 0.5
     assert probe[mt.MT10[2]]["nearest_film"] == mt.MT10[5] and probe[mt.MT10[2]]["margin_film"] < -0.5
     assert "nearest_text" not in probe[mt.MT10[0]]  # a view the encoder does not give is left out
+
+
+def test_position_probe_scores_a_mean_predictor_at_the_spread_and_a_perfect_one_at_zero(mt, monkeypatch):
+    import numpy as np
+    import torch
+
+    import dmrl.envs.suites.metaworld as adapter
+    import dmrl.policies.checkpoint as checkpoint
+
+    class Env:
+        def __init__(self, task, obs_modes):
+            self.obs_modes = obs_modes
+
+        def reset(self, seed):
+            state = np.random.default_rng(seed).uniform(-0.1, 0.1, 39)
+            return {"joints": state[:4].astype(np.float32), "state": state}, {}
+
+        def close(self):
+            pass
+
+    class Policy:
+        chunk = type("C", (), {"obs_keys": ("joints",), "n_obs_steps": 2, "aux_state": (4, 5, 6, 36, 37, 38)})
+        aux_offset, aux_scale = torch.zeros(6), torch.ones(6)
+
+        def __init__(self, perfect: bool):
+            self.perfect = perfect
+
+        def encode(self, history):
+            assert history["joints"].shape == (1, 2, 4)  # the reset frame, repeated To times
+            seed = int(round(float(history["joints"][0, -1, 0]) * 1e6))
+            return torch.tensor([[seed]]) if self.perfect else torch.zeros(1, 1)
+
+        def aux_head(self, key):
+            if not self.perfect:
+                return self.mean[None]
+            state = self.by_key[int(key)]
+            return torch.as_tensor(state[[4, 5, 6, 36, 37, 38]], dtype=torch.float32)[None]
+
+    seeds = range(7, 27)
+    states = [Env("t", ()).reset(s)[0]["state"] for s in seeds]
+    monkeypatch.setattr(adapter, "MetaWorldEnv", Env)
+    for perfect in (True, False):
+        policy = Policy(perfect)
+        policy.mean = torch.as_tensor(np.mean([s[[4, 5, 6, 36, 37, 38]] for s in states], 0), dtype=torch.float32)
+        policy.by_key = {int(round(float(np.float32(s[0])) * 1e6)): s for s in states}
+        monkeypatch.setattr(checkpoint, "load_policy", lambda path, p=policy: (p, {}))
+        probe = mt.position_probe(Path("unused"), seeds)
+        assert list(probe) == list(mt.MT10)
+        row = probe[mt.MT10[0]]
+        if perfect:
+            assert row["object_error_cm"] == 0.0 and row["goal_error_cm"] == 0.0 and row["goal_spread_cm"] > 5
+        else:
+            assert row["object_error_cm"] == row["object_spread_cm"] and row["goal_error_cm"] == row["goal_spread_cm"]
