@@ -9,11 +9,12 @@ from pathlib import Path
 from dmrl.envs.suites import MT10
 
 
-def language_probe(checkpoint: Path) -> dict[str, dict]:
+def language_probe(checkpoint: Path, trained_on: dict[str, list[str]]) -> dict[str, dict]:
     """Where each task's held-out sentence lands for the trained policy: per task and view of its encoder (``text``
-    the frozen MiniLM's sentence embedding; ``film`` the FiLM the policy applies to the image features), the train
-    task whose train sentences are nearest (cosine, the best of a task's sentences) and the margin, own task's
-    similarity minus the best other task's (negative: it lands nearer another task)."""
+    the frozen MiniLM's sentence embedding; ``film`` the FiLM the policy applies to the image features), the task
+    whose training sentences (``trained_on``: task -> the instructions of its episodes in the training store) are
+    nearest (cosine, the best of a task's sentences) and the margin, own task's similarity minus the best other
+    task's (negative: it lands nearer another task)."""
     import torch
 
     from dmrl.envs.suites.metaworld_language import INSTRUCTIONS
@@ -21,7 +22,7 @@ def language_probe(checkpoint: Path) -> dict[str, dict]:
 
     policy, _ = load_policy(checkpoint)
     names = [t.removesuffix("-v3") for t in MT10]
-    train = [(i, s) for i, t in enumerate(names) for s in INSTRUCTIONS[t][0]]
+    train = [(i, s) for i, t in enumerate(MT10) for s in trained_on[t]]
     heldout = [INSTRUCTIONS[t][1][0] for t in names]
     views_train = policy.encoder.instruction_views([s for _, s in train])
     views_heldout = policy.encoder.instruction_views(heldout)
@@ -32,7 +33,7 @@ def language_probe(checkpoint: Path) -> dict[str, dict]:
             continue
         a = torch.nn.functional.normalize(views_heldout[view], dim=-1)
         b = torch.nn.functional.normalize(views_train[view], dim=-1)
-        sim = a @ b.T  # (10 held-out, 20 train sentences)
+        sim = a @ b.T  # (10 held-out, n training sentences)
         per_task = torch.stack([sim[:, owner == i].max(1).values for i in range(len(MT10))], 1)  # (10, 10)
         for i, task in enumerate(MT10):
             others = torch.cat([per_task[i, :i], per_task[i, i + 1 :]])

@@ -270,18 +270,22 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
     started = machine()  # the commit that runs, not the one at the end of a long run
     data = collect(a)
+    import numpy as np
+
     from dmrl.data.episodes import EpisodeStore
 
     store = EpisodeStore.open(data)
     task_of = store.seeds % len(MT10)  # metaworld/mt10 runs task seed mod 10
     demo_success = {t: round(float(store.success[task_of == i].mean()), 3) for i, t in enumerate(MT10)}
+    texts = store.instructions()
+    trained_on = {t: sorted({texts[e] for e in np.flatnonzero(task_of == i)}) for i, t in enumerate(MT10)}
     per_seed, probes, positions, runs = {}, {}, {}, {}
     for seed in a.seeds:
         run = a.out / f"run_seed{seed}"
         timing = train(a, data, run, seed)
         summary = json.loads((run / "summary.json").read_text())
         per_seed[seed] = {t: {s: evaluate(a, run, t, s) for s in SPLITS} for t in MT10}
-        probes[seed] = language_probe(run / "checkpoint")
+        probes[seed] = language_probe(run / "checkpoint", trained_on)
         positions[seed] = position_probe(run / "checkpoint", range(a.eval_seed, a.eval_seed + a.eval_episodes))
         curve = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if "curve_success" in x]
         train_minutes = round(summary["train_seconds"] / 60, 1) if timing["segments"] == 1 else None

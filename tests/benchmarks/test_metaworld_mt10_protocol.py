@@ -135,7 +135,7 @@ def test_language_probe_names_the_nearest_train_task_and_the_margin(mt, monkeypa
             return {"film": film, "tokens": film}
 
     monkeypatch.setattr(checkpoint, "load_policy", lambda path: (type("P", (), {"encoder": Encoder()})(), {}))
-    probe = mt.language_probe(Path("unused"))
+    probe = mt.language_probe(Path("unused"), {t: [f"{t} one way", f"{t} another"] for t in mt.MT10})
     assert list(probe) == list(mt.MT10) and probe[mt.MT10[0]]["heldout_sentence"]
     assert probe[mt.MT10[0]]["nearest_film"] == mt.MT10[0] and probe[mt.MT10[0]]["margin_film"] > 0.5
     assert probe[mt.MT10[2]]["nearest_film"] == mt.MT10[5] and probe[mt.MT10[2]]["margin_film"] < -0.5
