@@ -204,12 +204,10 @@ def rows_and_summary(
             row["per_seed"] = {str(s): round(100 * r["success_rate"], 1) for s, r in zip(seeds, results, strict=True)}
             if probes and split == "heldout":
                 row["sentence"] = probes[seeds[0]][task]["heldout_sentence"]
-                row["lands_near"] = {
-                    f"{view}_seed{s}" if view == "film" else view: probes[s][task][f"nearest_{view}"]
-                    for s in seeds
-                    for view in ("text", "film")
-                    if f"nearest_{view}" in probes[s][task]
-                }
+                views = [(s, v) for s in seeds for v in ("text", "film") if f"nearest_{v}" in probes[s][task]]
+                name = {(s, v): f"film_seed{s}" if v == "film" else v for s, v in views}  # MiniLM's: every seed's
+                row["lands_near"] = {name[s, v]: probes[s][task][f"nearest_{v}"] for s, v in views}
+                row["margin"] = {name[s, v]: probes[s][task][f"margin_{v}"] for s, v in views}
             if positions and split == "train":
                 row["located"] = {str(s): positions[s][task] for s in seeds if task in positions.get(s, {})}
             rows.append(row)

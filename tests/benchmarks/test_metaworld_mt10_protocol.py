@@ -98,7 +98,9 @@ def test_rows_pool_seeds_and_averages_are_over_the_ten_tasks(mt):
         1: {t: {"train": result(i + 2), "heldout": result(0)} for i, t in enumerate(mt.MT10)},
     }
     probe = {
-        t: {"heldout_sentence": f"s{i}", "nearest_text": t, "nearest_film": mt.MT10[0]} for i, t in enumerate(mt.MT10)
+        t: {"heldout_sentence": f"s{i}", "nearest_text": t, "nearest_film": mt.MT10[0]}
+        | {"margin_text": 0.2, "margin_film": -0.3}
+        for i, t in enumerate(mt.MT10)
     }
     located = {"object_error_cm": 6.4, "object_spread_cm": 6.5, "goal_error_cm": 1.0, "goal_spread_cm": 5.3}
     positions = {s: {t: located for t in mt.MT10} for s in (0, 1)}
@@ -110,6 +112,7 @@ def test_rows_pool_seeds_and_averages_are_over_the_ten_tasks(mt):
     assert train3["episodes"] == 40 and train3["success_rate"] == 100 * (3 + 5) / 40
     assert train3["per_seed"] == {"0": 15.0, "1": 25.0} and train3["ci"][0] < 20.0 < train3["ci"][1]
     assert rows[7]["lands_near"] == {"text": mt.MT10[3], "film_seed0": mt.MT10[0], "film_seed1": mt.MT10[0]}
+    assert rows[7]["margin"] == {"text": 0.2, "film_seed0": -0.3, "film_seed1": -0.3}
     assert avg["average_train"] == pytest.approx(100 * (sum(range(10)) + sum(range(2, 12))) / 40 / 10, abs=0.05)
     assert avg["average_train_per_seed"] == {"0": 22.5, "1": 32.5}
     assert avg["average_heldout_per_seed"] == {"0": 10.0, "1": 0.0} and avg["average_heldout"] == 5.0
